@@ -1,0 +1,23 @@
+"""attncourse: reference implementations, masks, plots and exercise checks for the attention course.
+
+Lessons import from here; nothing here is generated from notebooks. See README.md for the chapter map.
+"""
+
+from . import masks
+from .checks import check
+from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
+from .utils import device, env_report, print_env_report, set_seed
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "check",
+    "causal_mask",
+    "device",
+    "env_report",
+    "masks",
+    "print_env_report",
+    "safe_softmax",
+    "scaled_dot_product_attention",
+    "set_seed",
+]

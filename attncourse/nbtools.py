@@ -1,0 +1,152 @@
+"""Maintainer commands for the notebooks.
+
+    python -m attncourse.nbtools exercises          # regenerate exercises/ from solutions/
+    python -m attncourse.nbtools execute [PATH...]  # re-run notebooks in place, in fresh kernels
+    python -m attncourse.nbtools refresh            # execute notebooks/ and solutions/, then exercises
+
+`solutions/` is the single source of the exercise notebooks. Solution code sits between
+``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markup) and becomes a stub that raises
+``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+CODE_STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
+MARKDOWN_STUB = ["YOUR ANSWER HERE"]
+
+
+def _strip_region(lines: list[str], begin: str, end: str, stub: list[str] | None, where: str) -> list[str]:
+    out, inside = [], False
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped == begin:
+            if inside:
+                raise ValueError(f"{where}: line {number}: nested {begin!r}")
+            inside = True
+            if stub is not None:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.extend(indent + s for s in stub)
+        elif stripped == end:
+            if not inside:
+                raise ValueError(f"{where}: line {number}: {end!r} without {begin!r}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{where}: {begin!r} is never closed")
+    return out
+
+
+def student_source(source: str, cell_type: str, where: str = "cell") -> str:
+    """The student version of one cell's source: solutions stubbed, hidden tests removed."""
+    lines = source.split("\n")
+    stub = CODE_STUB if cell_type == "code" else MARKDOWN_STUB
+    lines = _strip_region(lines, BEGIN_SOLUTION, END_SOLUTION, stub, where)
+    lines = _strip_region(lines, BEGIN_HIDDEN, END_HIDDEN, None, where)
+    return "\n".join(lines)
+
+
+def make_exercise(nb: nbformat.NotebookNode, where: str = "notebook") -> nbformat.NotebookNode:
+    """A copy of solution notebook `nb` with solutions stubbed and all outputs cleared."""
+    nb = copy.deepcopy(nb)
+    for index, cell in enumerate(nb.cells):
+        cell.source = student_source(cell.source, cell.cell_type, f"{where} cell {index}")
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    nb.metadata.setdefault("attncourse", {})["generated_from"] = "solutions/ (do not edit by hand)"
+    return nb
+
+
+def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]:
+    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed."""
+    changed = []
+    (root / "exercises").mkdir(exist_ok=True)
+    sources = sorted((root / "solutions").glob("*.ipynb"))
+    for src in sources:
+        want = nbformat.writes(make_exercise(nbformat.read(src, as_version=4), src.name)) + "\n"
+        dst = root / "exercises" / src.name
+        if not dst.exists() or dst.read_text(encoding="utf-8") != want:
+            changed.append(dst.name)
+            if not check_only:
+                dst.write_text(want, encoding="utf-8")
+    stale = {p.name for p in (root / "exercises").glob("*.ipynb")} - {p.name for p in sources}
+    for name in sorted(stale):
+        changed.append(name)
+        if not check_only:
+            (root / "exercises" / name).unlink()
+    return changed
+
+
+def kernel_manager(cwd: Path | None = None):
+    """A kernel manager that starts ipykernel with *this* interpreter, whatever kernelspecs exist."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class CurrentEnvSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                              display_name="Python 3", language="python")
+
+    return KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
+
+
+def execute(path: Path, timeout: int = 300) -> float:
+    """Execute one notebook in place in a fresh kernel (cwd = its folder); return seconds taken."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", km=kernel_manager(),
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    elapsed = time.perf_counter() - start
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attncourse.nbtools", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
+    ex.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
+    run = sub.add_parser("execute", help="execute notebooks in place in fresh kernels")
+    run.add_argument("paths", nargs="*", type=Path)
+    sub.add_parser("refresh", help="execute notebooks/ and solutions/, then regenerate exercises/")
+    args = parser.parse_args(argv)
+
+    if args.command == "exercises":
+        changed = generate_exercises(check_only=args.check)
+        verb = "out of date" if args.check else "written"
+        print(f"{len(changed)} exercise notebook(s) {verb}: {', '.join(changed) or '-'}")
+        return 1 if args.check and changed else 0
+    paths = getattr(args, "paths", None) or sorted(
+        [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
+    for path in paths:
+        print(f"{path.relative_to(ROOT) if path.is_absolute() else path}: ", end="", flush=True)
+        print(f"{execute(Path(path).resolve()):.1f} s", flush=True)
+    if args.command == "refresh":
+        changed = generate_exercises()
+        print(f"{len(changed)} exercise notebook(s) written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Every picture the course draws: heatmaps of weights, masks and biases, and grids of heads.
+
+Math modules never import this one. Each function returns the matplotlib objects it drew on and
+always sets a title and axis labels, so rows and columns are never unnamed.
+Run ``python -m attncourse.plot`` for a demo.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+import torch
+
+QUERY = "query position i"
+KEY = "key position j"
+
+
+def _to_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        x = x.float() if x.dtype in (torch.bfloat16, torch.float16, torch.bool) else x
+        return x.numpy()
+    return np.asarray(x, dtype=float)
+
+
+def heatmap(
+    data,
+    *,
+    title: str,
+    xlabel: str = KEY,
+    ylabel: str = QUERY,
+    ax: plt.Axes | None = None,
+    xticklabels: Sequence[str] | str = "auto",
+    yticklabels: Sequence[str] | str = "auto",
+    cmap: str = "viridis",
+    annot: bool = False,
+    fmt: str = ".2f",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cbar_label: str | None = "weight",
+    center: float | None = None,
+) -> plt.Axes:
+    """A 2-D heatmap (rows = `ylabel`, columns = `xlabel`); `-inf` entries are drawn blank."""
+    arr = _to_numpy(data)
+    if arr.ndim != 2:
+        raise ValueError(f"data must be 2-D (rows, columns), got shape {arr.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(1 + 0.45 * arr.shape[1], 9), min(0.8 + 0.4 * arr.shape[0], 8)))
+    masked = ~np.isfinite(arr)
+    sns.heatmap(
+        np.where(masked, np.nan, arr), ax=ax, cmap=cmap, annot=annot, fmt=fmt, vmin=vmin, vmax=vmax,
+        center=center, mask=masked, xticklabels=xticklabels, yticklabels=yticklabels, square=False,
+        cbar_kws={"label": cbar_label} if cbar_label else None, cbar=cbar_label is not None,
+        linewidths=0.3 if arr.size <= 400 else 0, linecolor="white",
+    )
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return ax
+
+
+def mask_heatmap(mask: torch.Tensor, *, title: str, ax: plt.Axes | None = None,
+                 xlabel: str = KEY, ylabel: str = QUERY) -> plt.Axes:
+    """A boolean mask: dark where attention is allowed (True), light where it is blocked."""
+    ax = heatmap(mask, title=title, ax=ax, xlabel=xlabel, ylabel=ylabel, cmap="Blues",
+                 vmin=0, vmax=1, cbar_label=None)
+    return ax
+
+
+def heads_grid(
+    weights: torch.Tensor,
+    *,
+    title: str,
+    xlabel: str = KEY,
+    ylabel: str = QUERY,
+    head_names: Sequence[str] | None = None,
+    cols: int = 4,
+    xticklabels: Sequence[str] | str = "auto",
+    yticklabels: Sequence[str] | str = "auto",
+    cmap: str = "viridis",
+    cbar_label: str = "weight",
+) -> plt.Figure:
+    """One heatmap per head for `weights` of shape (H, Tq, Tk), sharing a colour scale."""
+    arr = _to_numpy(weights)
+    if arr.ndim != 3:
+        raise ValueError(f"weights must be (H, Tq, Tk), got shape {arr.shape}")
+    n = arr.shape[0]
+    cols = max(1, min(cols, n))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.9 * rows), squeeze=False)
+    finite = arr[np.isfinite(arr)]
+    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0, 1)
+    for i, ax in enumerate(axes.flat):
+        if i >= n:
+            ax.axis("off")
+            continue
+        name = head_names[i] if head_names is not None else f"head {i}"
+        heatmap(arr[i], title=name, ax=ax, xlabel=xlabel, ylabel=ylabel, cmap=cmap, vmin=vmin,
+                vmax=vmax, cbar_label=cbar_label if i % cols == cols - 1 or i == n - 1 else None,
+                xticklabels=xticklabels, yticklabels=yticklabels)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def masks_side_by_side(masks: Mapping[str, torch.Tensor], *, title: str = "Attention masks "
+                       "(dark = may attend)") -> plt.Figure:
+    """Several (Tq, Tk) boolean masks in one row, each titled by its key."""
+    fig, axes = plt.subplots(1, len(masks), figsize=(3.6 * len(masks), 3.4), squeeze=False)
+    for ax, (name, mask) in zip(axes[0], masks.items()):
+        mask_heatmap(mask, title=name, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+if __name__ == "__main__":  # pragma: no cover - a demo that draws
+    from .sdpa import scaled_dot_product_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 6, 8).unbind(0)
+    _, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    heads_grid(w, title="Causal self-attention weights of 4 random heads")
+    plt.show()
