@@ -91,6 +91,63 @@ def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]
     return changed
 
 
+# ----------------------------------------------------------------------------- authoring
+# Builders for the cells every chapter uses, so nbgrader metadata is identical everywhere.
+
+
+def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def md(text: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_markdown_cell(text.strip("\n"))
+
+
+def code(source: str, *, tags: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    """A code cell; tag "nbval-ignore-output" where the output depends on the machine."""
+    cell = nbformat.v4.new_code_cell(source.strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def solution(source: str, exercise_id: str) -> nbformat.NotebookNode:
+    """The learner's cell: `source` holds ### BEGIN SOLUTION ... ### END SOLUTION."""
+    if BEGIN_SOLUTION not in source:
+        raise ValueError(f"solution cell for {exercise_id} has no {BEGIN_SOLUTION!r}")
+    cell = code(source)
+    cell.metadata.update(_nbgrader(f"{exercise_id}-answer", grade=False, solution=True, locked=False))
+    return cell
+
+
+def check_cell(exercise_id: str, points: float, extra: str = "") -> nbformat.NotebookNode:
+    """The read-only check cell nbgrader grades: calls attncourse.check on the exercise."""
+    cell = code(f'check("{exercise_id}")' + (f"\n{extra}" if extra else ""))
+    cell.metadata.update(_nbgrader(exercise_id, grade=True, solution=False, locked=True, points=points))
+    return cell
+
+
+def written_answer(text: str, grade_id: str, points: float) -> nbformat.NotebookNode:
+    """A markdown answer graded by hand (nbgrader "manually graded answer")."""
+    if BEGIN_SOLUTION not in text:
+        raise ValueError(f"written answer {grade_id} has no {BEGIN_SOLUTION!r}")
+    cell = md(text)
+    cell.metadata.update(_nbgrader(grade_id, grade=True, solution=True, locked=False, points=points))
+    return cell
+
+
+def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata.language_info = {"name": "python"}
+    nb.metadata.attncourse = {"chapter": chapter}
+    return nb
+
+
 def kernel_manager(cwd: Path | None = None):
     """A kernel manager that starts ipykernel with *this* interpreter, whatever kernelspecs exist."""
     from jupyter_client import KernelManager
