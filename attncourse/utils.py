@@ -11,14 +11,14 @@ import numpy as np
 import torch
 
 
-def set_seed(seed: int = 0) -> torch.Generator:
-    """Seed Python, NumPy and PyTorch (all devices) in one call; returns a seeded CPU generator."""
+def set_seed(seed: int = 0) -> None:
+    """Seed Python, NumPy and PyTorch (all devices) in one call."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
+
 
 
 def device(prefer_gpu: bool = True) -> torch.device:

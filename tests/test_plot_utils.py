@@ -1,0 +1,56 @@
+"""Plots carry titles and axis labels; seeds and the environment report work."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attncourse import env_report, plot, set_seed  # noqa: E402
+
+
+def test_heatmap_labels_and_blank_inf():
+    data = torch.tensor([[0.5, float("-inf")], [0.2, 0.8]])
+    ax = plot.heatmap(data, title="weights")
+    assert ax.get_title() == "weights"
+    assert ax.get_xlabel() == plot.KEY and ax.get_ylabel() == plot.QUERY
+    plt.close("all")
+
+
+def test_heads_grid_titles_every_panel():
+    fig = plot.heads_grid(torch.rand(5, 3, 4), title="five heads", cols=3)
+    titled = [ax for ax in fig.axes if ax.get_title().startswith("head ")]
+    assert len(titled) == 5
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in titled)
+    assert fig._suptitle.get_text() == "five heads"
+    plt.close("all")
+
+
+def test_masks_side_by_side():
+    fig = plot.masks_side_by_side({"a": torch.ones(3, 3, dtype=torch.bool), "b": torch.eye(3, dtype=torch.bool)})
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["a", "b"]
+    plt.close("all")
+
+
+def test_plot_rejects_wrong_rank():
+    with pytest.raises(ValueError, match=r"must be 2-D .* got shape \(2, 2, 2\)"):
+        plot.heatmap(torch.zeros(2, 2, 2), title="x")
+    with pytest.raises(ValueError, match=r"\(H, Tq, Tk\)"):
+        plot.heads_grid(torch.zeros(2, 2), title="x")
+
+
+def test_set_seed_reproducible():
+    set_seed(7)
+    a = torch.randn(3)
+    set_seed(7)
+    assert torch.equal(a, torch.randn(3))
+    with pytest.raises(TypeError, match="seed must be an int"):
+        set_seed(1.5)
+
+
+def test_env_report_keys():
+    report = env_report()
+    assert report["torch"] == torch.__version__
+    assert {"python", "numpy", "cuda available", "cpu threads (torch)"} <= set(report)
