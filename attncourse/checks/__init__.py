@@ -82,7 +82,7 @@ def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind:
     def register(make_cases: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
         if id in _REGISTRY:
             raise ValueError(f"exercise id {id!r} is registered twice")
-        _REGISTRY[id] = Exercise(id, target, make_cases, points, hint, kind, numpy, tuple(forbid),
+        _REGISTRY[id] = Exercise(id, target, make_cases, float(points), hint, kind, numpy, tuple(forbid),
                                  title or make_cases.__doc__ or "")
         return make_cases
 
@@ -148,6 +148,13 @@ def _fmt(v: float) -> str:
 
 def compare(got: Any, expected: Any, case: Case) -> str | None:
     """None when `got` matches `expected` under the case's rule, else a specific message."""
+    msg = _compare(got, expected, case)
+    if msg and msg.startswith("["):  # a difference inside nested tuples: say where, and show both
+        msg = f"at {msg}; expected {expected!r}, got {got!r}"[:600]
+    return msg
+
+
+def _compare(got: Any, expected: Any, case: Case) -> str | None:
     if callable(case.compare):
         return case.compare(got)
     if isinstance(expected, (tuple, list)) and not isinstance(got, str):
@@ -156,9 +163,9 @@ def compare(got: Any, expected: Any, case: Case) -> str | None:
         if len(got) != len(expected):
             return f"expected {len(expected)} items, got {len(got)}: expected {expected!r}, got {got!r}"
         for i, (g, e) in enumerate(zip(got, expected)):
-            msg = compare(g, e, case)
+            msg = _compare(g, e, case)
             if msg:
-                return f"item {i}: {msg}"
+                return f"[{i}]{msg}" if msg.startswith("[") else f"[{i}]: {msg}"
         return None
     if isinstance(expected, torch.Tensor):
         if isinstance(got, (int, float)) and expected.numel() == 1:

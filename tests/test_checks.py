@@ -1,0 +1,103 @@
+"""The learner-side check: a pass line, or a specific message (case, shape or first differing index, hint)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attncourse import checks
+from attncourse.checks import CheckFailed, ExerciseNotDone, check
+
+
+def right(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+def test_pass_line(capsys):
+    check("03-softmax-axis-bug", right)
+    assert capsys.readouterr().out.strip() == "✓ 03-softmax-axis-bug: all 3 case(s) passed"
+
+
+def test_wrong_values_name_case_index_and_hint():
+    def wrong(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -2) @ v
+
+    with pytest.raises(CheckFailed) as info:
+        check("03-softmax-axis-bug", wrong)
+    msg = str(info.value)
+    assert "case 'square (1, 2, 4, 8)'" in msg
+    assert "values differ (rtol=1e-05, atol=1e-06); first at index (0, 0, 0, 0): expected" in msg
+    assert "hint:" in msg
+
+
+def test_wrong_shape_is_reported():
+    with pytest.raises(CheckFailed, match=r"wrong shape: expected \(1, 2, 4, 8\), got \(1, 2, 4, 4\)"):
+        check("03-softmax-axis-bug", lambda q, k, v: right(q, k, v)[..., :4])
+
+
+def test_exceptions_and_stubs():
+    with pytest.raises(CheckFailed, match="your code raised ZeroDivisionError"):
+        check("03-softmax-axis-bug", lambda q, k, v: 1 / 0)
+
+    def stub(q, k, v):
+        raise NotImplementedError()
+
+    with pytest.raises(NotImplementedError):
+        check("03-softmax-axis-bug", stub)
+    with pytest.raises(ExerciseNotDone, match="`predicted_shapes` is not defined yet"):
+        check("03-predict-shapes")  # looked up in this module's globals, where it does not exist
+    with pytest.raises(CheckFailed, match="should be a function"):
+        check("03-softmax-axis-bug", 42)
+
+
+def test_forbidden_function_fails():
+    import torch.nn.functional as F
+
+    with pytest.raises(CheckFailed, match="scaled_dot_product_attention"):
+        check("03-softmax-axis-bug", lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"  # restored afterwards
+
+
+def test_numpy_exercise_gets_arrays_and_value_lookup_by_name():
+    seen = []
+
+    def attention_numpy(Q, K, V):
+        seen.append(type(Q))
+        s = Q @ K.T / np.sqrt(Q.shape[-1])
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        return w @ V, w
+
+    check("03-sdpa-numpy", attention_numpy)
+    assert seen and all(t is np.ndarray for t in seen)
+    globals()["predicted_shapes"] = ((2, 4, 5, 7), (2, 4, 5, 7), (2, 4, 5, 32))
+    try:
+        check("03-predict-shapes")
+        globals()["predicted_shapes"] = ((2, 4, 5, 7), (2, 4, 7, 5), (2, 4, 5, 32))
+        with pytest.raises(CheckFailed, match=r"at \[1\]\[2\]: expected 5, got 7; expected \(\(2, 4, 5, 7\)"):
+            check("03-predict-shapes")
+    finally:
+        del globals()["predicted_shapes"]
+
+
+def test_compare_rules():
+    case = checks.Case("c")
+    assert checks.compare(torch.ones(2), torch.ones(2), case) is None
+    assert "NaN or inf" in checks.compare(torch.tensor([1.0, float("nan")]), torch.ones(2), case)
+    assert "expected a tensor" in checks.compare([1, 2], torch.ones(2), case)
+    assert checks.compare(3, 3, checks.Case("c", compare="equal")) is None
+    assert "expected 3" in checks.compare(4, 3, case)
+    assert "rtol" in checks.compare(1.5, 1.0, case)
+    assert checks.compare(1.0 + 1e-9, 1.0, case) is None
+    assert checks.compare("x", 1, checks.Case("c", compare=lambda got: None)) is None
+
+
+def test_registry_is_consistent():
+    reg = checks.registry()
+    assert all(ex.id.split("-")[0].isdigit() and ex.points > 0 for ex in reg.values())
+    assert all(ex.kind in ("function", "value") for ex in reg.values())
+    with pytest.raises(KeyError, match="no exercise 'nope'"):
+        checks.get("nope")
+    with pytest.raises(ValueError, match="registered twice"):
+        checks.exercise("03-sdpa-numpy", "x")(lambda: [])

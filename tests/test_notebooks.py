@@ -1,0 +1,146 @@
+"""Notebook hygiene, exercise sync, nbgrader metadata, exercise notebooks executed, grader on every chapter.
+
+nbval (run by the same `pytest` command) re-executes notebooks/ and solutions/ and compares outputs;
+these tests check what nbval cannot: stored state, metadata, the stubs, and the grader's verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attncourse import checks, nbtools
+from attncourse.grade import grade_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+EXECUTED = LESSONS + SOLUTIONS
+ALL = EXECUTED + EXERCISES
+MAX_BYTES = 3_000_000  # a committed notebook with figures stays well below this
+PRIVATE = re.compile(r"(/home/|/Users/|/root/|[A-Z]:\\\\Users|/tmp/ipykernel_)")
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_there_are_notebooks():
+    assert (ROOT / "notebooks" / "00_start_here.ipynb").exists()
+    assert len(SOLUTIONS) >= 1 and len(EXERCISES) == len(SOLUTIONS)
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_valid_with_python3_kernel_and_chapter(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    chapter = path.name[:2]
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "name notebooks NN_topic.ipynb"
+    assert nb.metadata.get("attncourse", {}).get("chapter") == chapter
+    assert path.stat().st_size < MAX_BYTES, f"{rel(path)} is {path.stat().st_size} bytes"
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=rel)
+def test_executed_in_order_without_errors(path):
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in code_cells(nb) if c.source.strip()]
+    counts = [c.execution_count for c in cells]
+    assert counts == list(range(1, len(cells) + 1)), f"re-run {rel(path)} top to bottom (counts {counts})"
+    errors = [o.get("ename") for c in cells for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"stored errors: {errors}"
+    text = json.dumps([c.outputs for c in cells])
+    assert not PRIVATE.search(text), f"private path in outputs: {PRIVATE.search(text).group(0)}"
+    assert not any("nbval-raises-exception" in c.metadata.get("tags", []) for c in cells)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=rel)
+def test_lesson_structure(path):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0].source
+    assert first.startswith("# "), "a lesson opens with its title"
+    assert "What you will learn" in first and "Prerequisites" in first and "Time" in first
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "## Summary" in text and "## References" in text
+    if path.name[:2] != "00":
+        assert "## Exercises" in text and f"exercises/{path.name}" in text
+        assert (ROOT / "solutions" / path.name).exists(), "every lesson after 00 has exercises with solutions"
+
+
+def test_exercises_in_sync_with_solutions():
+    assert nbtools.generate_exercises(ROOT, check_only=True) == [], (
+        "exercises/ is out of date: run `python -m attncourse.nbtools exercises`")
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=rel)
+def test_exercises_have_no_solutions_or_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        assert nbtools.BEGIN_SOLUTION not in cell.source and nbtools.BEGIN_HIDDEN not in cell.source
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=rel)
+def test_nbgrader_metadata_matches_registry(path):
+    nb = nbformat.read(path, as_version=4)
+    chapter = path.name[:2]
+    registered = {ex.id: ex for ex in checks.exercises_for(chapter)}
+    grade_ids, checked = [], []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader")
+        if not meta:
+            assert nbtools.BEGIN_SOLUTION not in cell.source, "solution markup in a cell without nbgrader metadata"
+            continue
+        grade_ids.append(meta["grade_id"])
+        if meta["grade"] and not meta["solution"]:  # an autograded check cell
+            ex = registered.get(meta["grade_id"])
+            assert ex is not None, f"check cell {meta['grade_id']} has no registered exercise"
+            assert float(meta["points"]) == ex.points, f"{ex.id}: cell points {meta['points']} != {ex.points}"
+            assert cell.source.startswith(f'check("{ex.id}")')
+            checked.append(ex.id)
+        if meta["solution"]:
+            assert nbtools.BEGIN_SOLUTION in cell.source, f"{meta['grade_id']}: solution cell without markup"
+    assert len(grade_ids) == len(set(grade_ids)), "grade_ids must be unique"
+    assert sorted(checked) == sorted(registered), "every registered exercise has exactly one check cell"
+    assert len(registered) >= 3
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=rel)
+def test_exercise_notebook_raises_only_not_implemented(path, tmp_path):
+    """Run the student version: the stubs may raise NotImplementedError, nothing else may fail."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3", km=nbtools.kernel_manager(),
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+              for o in c.outputs if o.output_type == "error"]
+    bad = [e for e in errors if e[1] not in ("NotImplementedError", "ExerciseNotDone")]
+    assert not bad, f"errors other than the stubs' NotImplementedError: {bad}"
+    assert errors, "the untouched exercises should raise NotImplementedError somewhere"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=rel)
+def test_grader_full_points_for_solutions_zero_for_exercises(path):
+    full = grade_notebook(path, cell_timeout=120)
+    assert full.max_score > 0
+    assert full.score == full.max_score, [(e.id, e.status, e.message) for e in full.exercises]
+    blank = grade_notebook(ROOT / "exercises" / path.name, cell_timeout=120)
+    assert blank.max_score == full.max_score
+    assert blank.score == 0 and all(e.status in ("missing", "error", "failed") for e in blank.exercises)
+
+
+def test_readme_links_every_notebook():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for path in ALL:
+        assert f"({rel(path)})" in readme, f"README's chapter map does not link {rel(path)}"
