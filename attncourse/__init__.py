@@ -5,6 +5,7 @@ Lessons import from here; nothing here is generated from notebooks. See README.m
 
 from . import masks
 from .checks import check
+from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .utils import device, env_report, print_env_report, set_seed
 
@@ -16,6 +17,10 @@ __all__ = [
     "device",
     "env_report",
     "masks",
+    "merge_heads",
+    "MultiHeadAttention",
+    "repeat_kv",
+    "split_heads",
     "print_env_report",
     "safe_softmax",
     "scaled_dot_product_attention",
