@@ -148,9 +148,10 @@ def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
     return nb
 
 
-def kernel_manager(cwd: Path | None = None):
-    """A kernel manager that starts ipykernel with *this* interpreter, whatever kernelspecs exist."""
-    from jupyter_client import KernelManager
+def kernel_manager():
+    """An async kernel manager (what nbclient needs for its timeouts to work) that starts ipykernel with
+    *this* interpreter, whatever kernelspecs are installed."""
+    from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 
     class CurrentEnvSpecs(KernelSpecManager):
@@ -158,18 +159,37 @@ def kernel_manager(cwd: Path | None = None):
             return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                               display_name="Python 3", language="python")
 
-    return KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
+
+
+def shutdown(km) -> None:
+    """Stop a kernel started by `kernel_manager` (nbclient leaves kernels it did not create running)."""
+    from jupyter_core.utils import run_sync
+
+    try:
+        if run_sync(km.is_alive)():
+            run_sync(km.shutdown_kernel)(now=True)
+    except Exception:  # already gone
+        pass
+
+
+def run_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 300, allow_errors: bool = False) -> None:
+    """Execute `nb` in place in a fresh kernel started in `cwd`, and stop the kernel afterwards."""
+    from nbclient import NotebookClient
+
+    km = kernel_manager()
+    try:
+        NotebookClient(nb, timeout=timeout, allow_errors=allow_errors, kernel_name="python3", km=km,
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        shutdown(km)
 
 
 def execute(path: Path, timeout: int = 300) -> float:
     """Execute one notebook in place in a fresh kernel (cwd = its folder); return seconds taken."""
-    from nbclient import NotebookClient
-
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", km=kernel_manager(),
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    run_notebook(nb, path.parent, timeout)
     elapsed = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)

@@ -118,11 +118,8 @@ def test_nbgrader_metadata_matches_registry(path):
 @pytest.mark.parametrize("path", EXERCISES, ids=rel)
 def test_exercise_notebook_raises_only_not_implemented(path, tmp_path):
     """Run the student version: the stubs may raise NotImplementedError, nothing else may fail."""
-    from nbclient import NotebookClient
-
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3", km=nbtools.kernel_manager(),
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbtools.run_notebook(nb, path.parent, timeout=120, allow_errors=True)
     errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"
               for o in c.outputs if o.output_type == "error"]
     bad = [e for e in errors if e[1] not in ("NotImplementedError", "ExerciseNotDone")]

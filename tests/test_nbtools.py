@@ -1,0 +1,66 @@
+"""Exercise generation from solutions: stubs, hidden tests, outputs, metadata, and malformed markup."""
+
+import nbformat
+import pytest
+
+from attncourse import nbtools
+
+
+def test_solution_region_becomes_an_indented_stub():
+    src = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint('after')"
+    out = nbtools.student_source(src, "code")
+    assert out == ("def f(x):\n    '''doc'''\n    # YOUR CODE HERE\n    raise NotImplementedError()\n\nprint('after')")
+
+
+def test_top_level_region_and_markdown_answer():
+    assert nbtools.student_source("### BEGIN SOLUTION\nanswer = 3\n### END SOLUTION", "code") == (
+        "# YOUR CODE HERE\nraise NotImplementedError()")
+    assert nbtools.student_source("**Why?**\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", "markdown") == (
+        "**Why?**\n\nYOUR ANSWER HERE")
+
+
+def test_hidden_tests_are_removed():
+    src = 'check("03-x")\n### BEGIN HIDDEN TESTS\nassert secret()\n### END HIDDEN TESTS\nprint(1)'
+    assert nbtools.student_source(src, "code") == 'check("03-x")\nprint(1)'
+
+
+@pytest.mark.parametrize("src, words", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
+])
+def test_malformed_markup_is_an_error(src, words):
+    with pytest.raises(ValueError, match=words):
+        nbtools.student_source(src, "code", "nb cell 3")
+
+
+def test_make_exercise_clears_outputs_and_keeps_metadata():
+    sol = nbtools.solution("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "99-f")
+    sol.outputs = [nbformat.v4.new_output("stream", text="hi")]
+    sol.execution_count = 4
+    nb = nbtools.new_notebook([nbtools.md("# t"), sol, nbtools.check_cell("99-f", 2)], "99")
+    ex = nbtools.make_exercise(nb)
+    assert ex.cells[1].outputs == [] and ex.cells[1].execution_count is None
+    assert ex.cells[1].metadata["nbgrader"]["grade_id"] == "99-f-answer"
+    assert ex.cells[2].metadata["nbgrader"]["points"] == 2 and ex.cells[2].metadata["nbgrader"]["locked"]
+    assert "NotImplementedError" in ex.cells[1].source and "return 1" not in ex.cells[1].source
+    assert sol.source.endswith("### END SOLUTION"), "the solution notebook itself is untouched"
+
+
+def test_builders_refuse_cells_without_markup():
+    with pytest.raises(ValueError, match="no '### BEGIN SOLUTION'"):
+        nbtools.solution("x = 1", "99-x")
+    with pytest.raises(ValueError, match="no '### BEGIN SOLUTION'"):
+        nbtools.written_answer("why?", "99-why", 1)
+
+
+def test_generate_exercises_writes_and_detects_drift(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    nb = nbtools.new_notebook([nbtools.solution("### BEGIN SOLUTION\na = 1\n### END SOLUTION", "99-a")], "99")
+    nbformat.write(nb, tmp_path / "solutions" / "99_demo.ipynb")
+    assert nbtools.generate_exercises(tmp_path, check_only=True) == ["99_demo.ipynb"]
+    assert nbtools.generate_exercises(tmp_path) == ["99_demo.ipynb"]
+    assert nbtools.generate_exercises(tmp_path, check_only=True) == []
+    (tmp_path / "exercises" / "98_stale.ipynb").write_text("{}")
+    assert nbtools.generate_exercises(tmp_path) == ["98_stale.ipynb"]
+    assert not (tmp_path / "exercises" / "98_stale.ipynb").exists()
