@@ -5,8 +5,10 @@ Lessons import from here; nothing here is generated from notebooks. See README.m
 
 from . import masks
 from .checks import check
+from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, mha_to_gqa
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
+from .transformer import FeedForward, TransformerBlock
 from .utils import device, env_report, print_env_report, set_seed
 
 __version__ = "0.1.0"
@@ -16,7 +18,13 @@ __all__ = [
     "causal_mask",
     "device",
     "env_report",
+    "FeedForward",
+    "grouped_attention",
+    "kv_cache_bytes",
     "masks",
+    "mha_to_gqa",
+    "MODEL_CONFIGS",
+    "ModelConfig",
     "merge_heads",
     "MultiHeadAttention",
     "repeat_kv",
@@ -25,4 +33,5 @@ __all__ = [
     "safe_softmax",
     "scaled_dot_product_attention",
     "set_seed",
+    "TransformerBlock",
 ]

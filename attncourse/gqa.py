@@ -1,0 +1,197 @@
+r"""Grouped-query attention beyond the module: KV-cache sizes of real models, the grouped formulation
+that never copies K/V, converting MHA checkpoints to GQA (Ainslie et al.), and a decode cost model.
+
+KV cache of one sequence: keys and values, for every layer, KV head, position and head-dim element:
+
+.. math:: \text{bytes} = 2 \cdot L \cdot H_{kv} \cdot D \cdot T \cdot B \cdot \text{bytes per element}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import _validate
+from .mha import MultiHeadAttention
+from .sdpa import safe_softmax
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch_size: int = 1,
+                   bytes_per_element: int = 2) -> int:
+    """Bytes of the keys and values cached for `batch_size` sequences of `seq_len` tokens (2 = K and V)."""
+    for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                    ("seq_len", seq_len), ("batch_size", batch_size), ("bytes_per_element", bytes_per_element)):
+        _validate.positive_int(name, v)
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The attention shape of a published model, with where the numbers come from."""
+
+    name: str
+    n_params: float  # total parameters as published (nominal), for the decode cost model
+    n_layers: int
+    d_model: int
+    n_heads: int  # query heads
+    n_kv_heads: int  # 1 = MQA, n_heads = MHA, in between = GQA
+    head_dim: int  # not always d_model / n_heads: PaLM 540B has 48 heads of 256 and d_model 18432
+    context: int  # training context length in tokens
+    source: str  # paper or model card with the numbers
+
+    @property
+    def attention(self) -> str:
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else f"GQA-{self.n_kv_heads}"
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def kv_cache_bytes(self, seq_len: int, batch_size: int = 1, bytes_per_element: int = 2) -> int:
+        return kv_cache_bytes(self.n_layers, self.n_kv_heads, self.head_dim, seq_len, batch_size,
+                              bytes_per_element)
+
+
+MODEL_CONFIGS: tuple[ModelConfig, ...] = (
+    ModelConfig("GPT-3 175B", 175e9, 96, 12288, 96, 96, 128, 2048,
+                "Brown et al. 2020, Table 2.1, https://arxiv.org/abs/2005.14165"),
+    ModelConfig("LLaMA-1 65B", 65.2e9, 80, 8192, 64, 64, 128, 2048,
+                "Touvron et al. 2023, Table 2, https://arxiv.org/abs/2302.13971"),
+    ModelConfig("LLaMA-2 7B", 6.7e9, 32, 4096, 32, 32, 128, 4096,
+                "Touvron et al. 2023b, https://arxiv.org/abs/2307.09288; config.json of meta-llama/Llama-2-7b-hf"),
+    ModelConfig("LLaMA-2 70B", 69e9, 80, 8192, 64, 8, 128, 4096,
+                "Touvron et al. 2023b, Table 1 and sec. 2.2, https://arxiv.org/abs/2307.09288; "
+                "config.json of meta-llama/Llama-2-70b-hf"),
+    ModelConfig("LLaMA-3 8B", 8.03e9, 32, 4096, 32, 8, 128, 8192,
+                "Meta Llama 3 model card and config.json of meta-llama/Meta-Llama-3-8B, "
+                "https://github.com/meta-llama/llama3/blob/main/MODEL_CARD.md"),
+    ModelConfig("Mistral 7B", 7.24e9, 32, 4096, 32, 8, 128, 8192,
+                "Jiang et al. 2023, Table 1, https://arxiv.org/abs/2310.06825"),
+    ModelConfig("Falcon-7B", 7e9, 32, 4544, 71, 1, 64, 2048,
+                "tiiuae/falcon-7b model card, https://huggingface.co/tiiuae/falcon-7b; Almazrouei et al. 2023, "
+                "https://arxiv.org/abs/2311.16867"),
+    ModelConfig("Falcon-40B", 40e9, 60, 8192, 128, 8, 64, 2048,
+                "tiiuae/falcon-40b model card, https://huggingface.co/tiiuae/falcon-40b; Almazrouei et al. 2023"),
+    ModelConfig("PaLM 540B", 540e9, 118, 18432, 48, 1, 256, 2048,
+                "Chowdhery et al. 2022, Table 1 and sec. 2, https://arxiv.org/abs/2204.02311; head size 256 as "
+                "in Pope et al. 2022, https://arxiv.org/abs/2211.05102"),
+)
+
+
+def model_config(name: str) -> ModelConfig:
+    """Look a config up by name, e.g. ``model_config("Mistral 7B")``."""
+    for cfg in MODEL_CONFIGS:
+        if cfg.name == name:
+            return cfg
+    raise ValueError(f"no model config named {name!r}; known: {[c.name for c in MODEL_CONFIGS]}")
+
+
+def _grouped_mask(attn_mask: torch.Tensor, b: int, h: int, h_kv: int, t: int, s: int) -> torch.Tensor:
+    """A mask broadcastable to (B, H, T, S), reshaped to broadcast to (B, Hkv, G, T, S)."""
+    _validate.broadcastable("attn_mask", tuple(attn_mask.shape), (b, h, t, s), "scores (B, H, T, S)")
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # (b', h', T', S')
+    if m.shape[1] == 1:
+        return m[:, :, None]  # (b', 1, 1, T', S')
+    return m.reshape(m.shape[0], h_kv, h // h_kv, m.shape[2], m.shape[3])  # head h -> (h // G, h % G)
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attn_mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                      scale: float | None = None, return_weights: bool = False
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """GQA without repeating K/V: query (B, H, T, D), key/value (B, Hkv, S, D) -> (B, H, T, D).
+
+    The G = H / Hkv query heads of a group are stacked along the time axis, so one matmul per KV head
+    serves the whole group; scores have shape (B, Hkv, G, T, S). Masks as in
+    :func:`~attncourse.scaled_dot_product_attention` (broadcastable to (B, H, T, S); `is_causal` top-left).
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        _validate.tensor(name, x, min_rank=1, floating=True)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be (B, heads, T, D), got shape {tuple(x.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    (b, h, t, d), (bk, h_kv, s, dk) = query.shape, key.shape
+    if b != bk or value.shape[:3] != key.shape[:3] or h % h_kv or d != dk:
+        raise ValueError(f"need query (B, H, T, D) and key/value (B, Hkv, S, D) with H divisible by Hkv, got "
+                         f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    g = h // h_kv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q = query.reshape(b, h_kv, g * t, d)  # (B, H, T, D) -> (B, Hkv, G*T, D): a view when contiguous
+    scores = (q @ key.transpose(-2, -1)) * scale  # (B, Hkv, G*T, D) @ (B, Hkv, D, S) -> (B, Hkv, G*T, S)
+    scores = scores.view(b, h_kv, g, t, s)  # (B, Hkv, G, T, S)
+    if attn_mask is not None:
+        m = _grouped_mask(attn_mask, b, h, h_kv, t, s)
+        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.to(scores.dtype)
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(), float("-inf"))
+    weights = safe_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores)
+    weights = weights.to(value.dtype)  # (B, Hkv, G, T, S)
+    out = weights.view(b, h_kv, g * t, s) @ value  # (B, Hkv, G*T, S) @ (B, Hkv, S, Dv) -> (B, Hkv, G*T, Dv)
+    out = out.view(b, h, t, value.shape[-1])  # (B, H, T, Dv)
+    return (out, weights.view(b, h, t, s)) if return_weights else out
+
+
+def mha_to_gqa(mha: MultiHeadAttention, n_kv_heads: int, method: str = "mean") -> MultiHeadAttention:
+    """A GQA copy of an MHA layer: queries and output projection kept, K/V heads merged per group.
+
+    method: "mean" (Ainslie et al.: average the K and V projection heads of each group), "first" (keep
+    each group's first head), or "random" (fresh K/V projections, a baseline).
+    """
+    if not isinstance(mha, MultiHeadAttention):
+        raise TypeError(f"mha must be a MultiHeadAttention, got {type(mha).__name__}")
+    if mha.n_kv_heads != mha.n_heads:
+        raise ValueError(f"mha must be MHA (n_kv_heads == n_heads), got n_heads={mha.n_heads}, "
+                         f"n_kv_heads={mha.n_kv_heads}")
+    if method not in ("mean", "first", "random"):
+        raise ValueError(f"method must be 'mean', 'first' or 'random', got {method!r}")
+    bias = mha.q_proj.bias is not None
+    w = mha.q_proj.weight
+    gqa = MultiHeadAttention(mha.d_model, mha.n_heads, n_kv_heads, bias=bias).to(w.device, w.dtype)
+    gqa.q_proj.load_state_dict(mha.q_proj.state_dict())
+    gqa.o_proj.load_state_dict(mha.o_proj.state_dict())
+    if method == "random":
+        return gqa
+    g, d = mha.n_heads // n_kv_heads, mha.head_dim
+    with torch.no_grad():
+        for src, dst in ((mha.k_proj, gqa.k_proj), (mha.v_proj, gqa.v_proj)):
+            for name, p in src.named_parameters():  # weight (H*D, d_model) or bias (H*D,)
+                grouped = p.view(n_kv_heads, g, d, *p.shape[1:])  # (Hkv, G, D, ...)
+                merged = grouped.mean(dim=1) if method == "mean" else grouped[:, 0]  # (Hkv, D, ...)
+                getattr(dst, name).copy_(merged.reshape(n_kv_heads * d, *p.shape[1:]))
+    return gqa
+
+
+def decode_attention_cost(n_heads: int, n_kv_heads: int, head_dim: int, context_len: int,
+                          bytes_per_element: int = 2) -> dict[str, float]:
+    """One layer, one sequence, one generated token: attention FLOPs, K/V bytes read, and their ratio.
+
+    FLOPs: 2 H S D for q.k and 2 H S D for the weighted sum of V. Bytes: the whole cache, 2 Hkv S D
+    elements. Arithmetic intensity = 2 G / bytes_per_element FLOPs per byte: G times MHA's.
+    """
+    for name, v in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                    ("context_len", context_len), ("bytes_per_element", bytes_per_element)):
+        _validate.positive_int(name, v)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+    flops = 4 * n_heads * context_len * head_dim
+    kv_bytes = kv_cache_bytes(1, n_kv_heads, head_dim, context_len, 1, bytes_per_element)
+    return {"flops": flops, "kv_bytes": kv_bytes, "flops_per_byte": flops / kv_bytes}
+
+
+def decode_step_bytes(cfg: ModelConfig, context_len: int, batch_size: int = 1,
+                      bytes_per_element: int = 2) -> dict[str, int]:
+    """Bytes read from memory per decoding step (one token for each of `batch_size` sequences).
+
+    A decode step is memory-bound: every weight is read once per step (shared by the batch), and each
+    sequence's whole KV cache is read once. Their sum divided by memory bandwidth bounds the step time.
+    """
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+    weights = int(cfg.n_params) * bytes_per_element
+    kv = cfg.kv_cache_bytes(context_len, batch_size, bytes_per_element)
+    return {"weights": weights, "kv_cache": kv, "total": weights + kv}

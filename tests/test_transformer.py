@@ -1,0 +1,120 @@
+"""TransformerBlock against nn.TransformerEncoderLayer (pre- and post-norm, masks, gradients), FeedForward,
+the classifier, and bad input."""
+
+import pytest
+import torch
+from torch import nn
+
+from attncourse.transformer import FeedForward, TransformerBlock, TransformerClassifier, to_torch_encoder_layer
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def make_block(d=16, h=4, d_ff=24, seed=0, **kw):
+    torch.manual_seed(seed)
+    block = TransformerBlock(d, h, d_ff, **kw).double()
+    with torch.no_grad():  # non-trivial LayerNorm parameters, so copying them is tested too
+        for norm in (block.norm1, block.norm2):
+            norm.weight.add_(0.1 * torch.randn_like(norm.weight))
+            norm.bias.add_(0.1 * torch.randn_like(norm.bias))
+    return block.eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("t", [1, 7])
+def test_matches_torch_encoder_layer(norm_first, activation, t):
+    block = make_block(norm_first=norm_first, activation=activation)
+    ref = to_torch_encoder_layer(block)
+    x = torch.randn(3, t, 16, dtype=torch.float64)
+    torch.testing.assert_close(block(x), ref(x), **TOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_masks_match_torch(norm_first):
+    block = make_block(norm_first=norm_first)
+    ref = to_torch_encoder_layer(block)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    # PyTorch's boolean src_mask is True where attention is *not* allowed
+    torch.testing.assert_close(block(x, is_causal=True), ref(x, src_mask=~causal), **TOL)
+    lengths = torch.tensor([6, 4])
+    pad = torch.arange(6) >= lengths[:, None]  # (B, T) True at padding
+    ours = block(x, attn_mask=~pad[:, None, None, :])
+    torch.testing.assert_close(ours, ref(x, src_key_padding_mask=pad), **TOL)
+
+
+def test_gradients_match_torch():
+    block = make_block(norm_first=True)
+    ref = to_torch_encoder_layer(block).train()  # dropout is 0, so train mode is the same function
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    gx, = torch.autograd.grad(block(x).pow(2).sum(), x)
+    gx_ref, = torch.autograd.grad(ref(x).pow(2).sum(), x)
+    torch.testing.assert_close(gx, gx_ref, **TOL)
+    g_ff = torch.autograd.grad(block(x).sum(), block.ff.linear1.weight)[0]
+    g_ff_ref = torch.autograd.grad(ref(x).sum(), ref.linear1.weight)[0]
+    torch.testing.assert_close(g_ff, g_ff_ref, **TOL)
+
+
+def test_residual_and_weights():
+    block = make_block(norm_first=True)
+    with torch.no_grad():  # zero both branches' output projections: a pre-norm block becomes the identity
+        block.attn.o_proj.weight.zero_(); block.attn.o_proj.bias.zero_()
+        block.ff.linear2.weight.zero_(); block.ff.linear2.bias.zero_()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    out, w = block(x, return_weights=True)
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+    assert w.shape == (2, 4, 5, 5)
+
+
+def test_feedforward_is_position_wise():
+    torch.manual_seed(0)
+    ff = FeedForward(8, 32).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(ff(x)[:, 3], ff(x[:, 3]), **TOL)
+    assert sum(p.numel() for p in ff.parameters()) == 8 * 32 + 32 + 32 * 8 + 8
+
+
+def test_block_parameter_count():
+    block = TransformerBlock(64, 4)  # d_ff defaults to 4 d
+    d = 64
+    expected = (4 * d * d + 4 * d) + (8 * d * d + 4 * d + d) + 2 * 2 * d
+    assert sum(p.numel() for p in block.parameters()) == expected
+    ref = to_torch_encoder_layer(block)
+    assert sum(p.numel() for p in ref.parameters()) == expected
+
+
+def test_classifier_shapes_and_learning():
+    torch.manual_seed(0)
+    model = TransformerClassifier(vocab_size=10, n_classes=2, d_model=16, n_heads=2, n_layers=1)
+    tokens = torch.randint(0, 10, (32, 8))
+    labels = (tokens == 3).any(dim=1).long()  # a set-membership task: attention + pooling can do it
+    assert model(tokens).shape == (32, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(40):
+        loss = nn.functional.cross_entropy(model(tokens), labels)
+        first = loss.item() if first is None else first
+        opt.zero_grad(); loss.backward(); opt.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="activation"):
+        FeedForward(8, 16, "tanh")
+    with pytest.raises(ValueError, match="d_ff"):
+        FeedForward(8, 0)
+    with pytest.raises(ValueError, match="n_kv_heads=2"):
+        to_torch_encoder_layer(TransformerBlock(16, 4, n_kv_heads=2))
+    with pytest.raises(TypeError, match="block"):
+        to_torch_encoder_layer(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="d_model=10"):
+        TransformerBlock(10, 4)
+    block = TransformerBlock(16, 4)
+    with pytest.raises(ValueError, match=r"x must be .*\(5, 16\)"):
+        block(torch.randn(5, 16))
+    model = TransformerClassifier(10, 2, d_model=16, n_heads=2, n_layers=1, max_len=8)
+    with pytest.raises(ValueError, match=r"tokens .*\(2, 9\)"):
+        model(torch.zeros(2, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="tokens"):
+        model(torch.zeros(2, 4))
