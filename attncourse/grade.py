@@ -3,7 +3,8 @@
     python -m attncourse.grade PATH... [--json FILE] [--cell-timeout S] [--timeout S]
 
 PATH is a notebook or a folder of notebooks. Each notebook runs in its own Jupyter kernel (never in
-this process), cell by cell with a time limit, errors and all. Then, for every exercise of its chapter,
+this process), cell by cell with a time limit, errors and all, except its check cells (nbgrader "grade"
+cells without a solution), which the grader replaces with its own checks. Then, for every exercise of its chapter,
 the grader builds the cases *here*, sends only their inputs to the kernel, calls the student's function
 there, brings the results back (loaded with ``torch.load(weights_only=True)``: tensors and plain data
 only) and compares them here with expected values computed here. Check cells, printed "passed" lines
@@ -14,7 +15,9 @@ The exit status is 0 whenever grading finished, whatever the score.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 import json
+import logging
 import re
 import sys
 import tempfile
@@ -24,9 +27,13 @@ from pathlib import Path
 
 import nbformat
 import torch
+from jupyter_core.utils import run_sync
 
 from . import checks
-from .nbtools import kernel_manager
+from .nbtools import kernel_manager, shutdown
+
+_QUIET = logging.getLogger("attncourse.grade.nbclient")
+_QUIET.setLevel(logging.CRITICAL)
 
 STATUSES = ("passed", "failed", "error", "timeout", "missing")
 
@@ -73,10 +80,10 @@ def __attncourse_grade(inputs_path, results_path, target, kind, numpy_args, forb
         sys.setprofile(watch)
         try:
             out = answer(*args, **kwargs)
-        except BaseException as err:
-            sys.setprofile(None)
+        except Exception as err:  # KeyboardInterrupt (the grader's time limit) is not caught
             results.append(("raised", type(err).__name__, text(err))); continue
-        sys.setprofile(None)
+        finally:
+            sys.setprofile(None)
         if used: results.append(("forbidden", used[0], "")); continue
         try: results.append(("ok", portable(out)))
         except Exception as err: results.append(("raised", type(err).__name__, text(err)))
@@ -140,7 +147,7 @@ def _judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[
 def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600) -> NotebookResult:
     """Grade one notebook; never raises for anything the notebook does."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import DeadKernelError
 
     start = time.perf_counter()
     try:
@@ -167,51 +174,95 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600) -
         return all_as("missing", "the notebook has no code")
 
     with tempfile.TemporaryDirectory(prefix="attncourse-grade-") as tmp:
-        client = NotebookClient(nb, timeout=cell_timeout, allow_errors=True, interrupt_on_timeout=True,
-                                kernel_name="python3", km=kernel_manager(),
-                                resources={"metadata": {"path": tmp}})
+        km = kernel_manager()
+        client = NotebookClient(nb, timeout=cell_timeout, allow_errors=True, interrupt_on_timeout=False,
+                                kernel_name="python3", km=km, resources={"metadata": {"path": tmp}})
+        client.log = _QUIET  # nbclient logs tracebacks for the timeouts we handle ourselves
         notes = []
-        with client.setup_kernel():
+        with _kernel(client, km):
             deadline = time.monotonic() + timeout
             try:
                 for index, cell in enumerate(nb.cells):
-                    if cell.cell_type != "code":
-                        continue
+                    if cell.cell_type != "code" or _is_check_cell(cell):
+                        continue  # the grader runs its own checks, not the submission's check cells
                     if time.monotonic() > deadline:
                         notes.append(f"notebook time limit ({timeout:g} s) reached at cell {index}; later cells not run")
                         break
-                    try:
-                        client.execute_cell(cell, index)
-                    except CellTimeoutError:
+                    if not _execute(client, cell, index, cell_timeout):
                         notes.append(f"cell {index} exceeded {cell_timeout:g} s and was interrupted")
                     cell.outputs = []  # keep memory flat whatever the student prints
-                client.execute_cell(nbformat.v4.new_code_cell(KERNEL_SIDE), len(nb.cells))
+                _run_extra(client, KERNEL_SIDE, cell_timeout)
                 for ex in exercises:
                     result.exercises.append(_grade_exercise(client, ex, Path(tmp), cell_timeout))
-            except DeadKernelError:
+            except (DeadKernelError, KernelStuck) as err:
                 done = {e.id for e in result.exercises}
-                result.exercises += [ExerciseResult(ex.id, 0.0, ex.points, "error", "the kernel died")
+                status = "timeout" if isinstance(err, KernelStuck) else "error"
+                why = "the kernel ignored an interrupt and was stopped" if status == "timeout" else "the kernel died"
+                result.exercises += [ExerciseResult(ex.id, 0.0, ex.points, status, why)
                                      for ex in exercises if ex.id not in done]
-                notes.append("the kernel died")
+                notes.append(why)
     result.score = float(sum(e.points for e in result.exercises))
     result.message = "; ".join(notes)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _grade_exercise(client, ex: checks.Exercise, tmp: Path, cell_timeout: float) -> ExerciseResult:
+@contextmanager
+def _kernel(client, km):
+    try:
+        with client.setup_kernel():
+            yield
+    finally:
+        shutdown(km)
+
+
+def _is_check_cell(cell) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+class KernelStuck(Exception):
+    """The kernel did not come back after an interrupt."""
+
+
+def _execute(client, cell, index: int, cell_timeout: float) -> bool:
+    """Run one cell; on timeout interrupt the kernel and return False. Raise KernelStuck if it stays busy."""
     from nbclient.exceptions import CellTimeoutError
 
+    try:
+        client.execute_cell(cell, index)
+        return True
+    except CellTimeoutError:
+        run_sync(client.km.interrupt_kernel)()
+    probe = nbformat.v4.new_code_cell("pass")
+    saved, client.timeout = client.timeout, 10
+    try:
+        client.execute_cell(probe, index)  # answered only once the interrupted cell has stopped
+    except CellTimeoutError:
+        raise KernelStuck() from None
+    finally:
+        client.timeout = saved
+        client.nb.cells[index] = cell
+    return False
+
+
+def _run_extra(client, source: str, cell_timeout: float) -> tuple[nbformat.NotebookNode, bool]:
+    """Execute grader code in the student's kernel as an extra cell appended to the notebook."""
+    cell = nbformat.v4.new_code_cell(source)
+    client.nb.cells.append(cell)
+    finished = _execute(client, cell, len(client.nb.cells) - 1, cell_timeout)
+    return cell, finished
+
+
+def _grade_exercise(client, ex: checks.Exercise, tmp: Path, cell_timeout: float) -> ExerciseResult:
     cases = ex.make_cases()
     inputs, results = tmp / f"{ex.id}.in.pt", tmp / f"{ex.id}.out.pt"
     torch.save([(tuple(c.args), dict(c.kwargs)) for c in cases], inputs)
     results.unlink(missing_ok=True)
     call = (f"__attncourse_grade({str(inputs)!r}, {str(results)!r}, {ex.target!r}, {ex.kind!r}, "
             f"{ex.numpy!r}, {tuple(ex.forbid)!r})")
-    cell = nbformat.v4.new_code_cell(call)
-    try:
-        client.execute_cell(cell, 0)
-    except CellTimeoutError:
+    cell, finished = _run_extra(client, call, cell_timeout)
+    if not finished:
         return ExerciseResult(ex.id, 0.0, ex.points, "timeout", f"checking took longer than {cell_timeout:g} s")
     if not results.exists():
         errors = [o.get("evalue", "") for o in cell.outputs if o.get("output_type") == "error"]
@@ -243,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default 60)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook (default 600)")
     args = parser.parse_args(argv)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # nbclient's abandoned pollers after timeouts
 
     notebooks = _collect(args.paths)
     missing = [p for p in notebooks if not p.exists()]
