@@ -54,3 +54,19 @@ def test_env_report_keys():
     report = env_report()
     assert report["torch"] == torch.__version__
     assert {"python", "numpy", "cuda available", "cpu threads (torch)"} <= set(report)
+
+
+def test_device_and_printed_report(capsys):
+    from attncourse import device, print_env_report
+
+    assert device(prefer_gpu=False) == torch.device("cpu")
+    assert device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    print_env_report()
+    out = capsys.readouterr().out
+    assert f"torch" in out and torch.__version__ in out
+
+
+def test_causal_mask_helper():
+    from attncourse import causal_mask
+
+    assert causal_mask(2, 3).tolist() == [[True, False, False], [True, True, False]]
