@@ -124,6 +124,40 @@ def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
+
+def attention_sink(n_sink: int, window: int) -> MaskMod:
+    """StreamingLLM's pattern: causal, and either one of the first `n_sink` keys or inside the window.
+
+    Query i sees keys 0 .. n_sink - 1 (the "sinks") and i - window + 1 .. i. ``n_sink=0`` is
+    :func:`sliding_window`.
+    """
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
+        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
+    if n_sink < 0:
+        raise ValueError(f"n_sink must be >= 0, got {n_sink}")
+    _validate.positive_int("window", window)
+
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((kv_idx < n_sink) | (q_idx - kv_idx < window))
+
+    mask.__name__ = f"attention_sink_{n_sink}_window_{window}"
+    return mask
+
+
+def materialize_at(mask_mod: MaskMod, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """Evaluate `mask_mod` at absolute positions: bool (Tq, Tk), entry [i, j] for the pair
+    (q_positions[i], k_positions[j]). Rolling KV caches hold keys at positions that are not 0..Tk-1.
+    """
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
+    for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+        _validate.tensor(name, p, min_rank=1)
+        if p.dim() != 1 or p.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor, got shape {tuple(p.shape)}, dtype {p.dtype}")
+    zero = torch.zeros((), dtype=torch.long, device=q_positions.device)
+    out = mask_mod(zero, zero, q_positions[:, None], k_positions[None, :])  # (Tq, Tk)
+    return out.expand(len(q_positions), len(k_positions)).contiguous()
+
 if __name__ == "__main__":  # pragma: no cover - a demo that draws
     from .plot import masks_side_by_side
     import matplotlib.pyplot as plt
