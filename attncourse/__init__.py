@@ -5,8 +5,11 @@ Lessons import from here; nothing here is generated from notebooks. See README.m
 
 from . import masks
 from .checks import check
+from .gpt import GPT, GPTConfig
 from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, mha_to_gqa
+from .kv_cache import KVCache, SinkWindowCache
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
+from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .transformer import FeedForward, TransformerBlock
 from .utils import device, env_report, print_env_report, set_seed
@@ -14,6 +17,13 @@ from .utils import device, env_report, print_env_report, set_seed
 __version__ = "0.1.0"
 
 __all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "GPT",
+    "GPTConfig",
+    "KVCache",
+    "SinkWindowCache",
+    "sinusoidal_positions",
     "check",
     "causal_mask",
     "device",

@@ -1,0 +1,64 @@
+"""Decode benchmark: time per generated token with and without a KV cache, against context length.
+
+    python -m attncourse.bench_decode            # prints a table for a tiny GPT on this machine
+
+Without a cache, generating token t re-runs the model over all t positions (and attention over t^2
+pairs); with the cache it runs one position against t cached keys. Chapter 07 calls
+:func:`time_per_token` in an ignored cell and plots the result.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import _validate
+from .gpt import GPT, GPTConfig
+
+
+@torch.no_grad()
+def time_per_token(model: GPT, context_len: int, n_new: int = 8, *, use_cache: bool, repeats: int = 3,
+                   batch_size: int = 1) -> float:
+    """Best-of-`repeats` seconds per generated token after a prompt of `context_len` tokens.
+
+    Only the decode steps are timed (the prefill runs once before the clock starts, in both modes).
+    """
+    for name, v in (("context_len", context_len), ("n_new", n_new), ("repeats", repeats)):
+        _validate.positive_int(name, v)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context_len), generator=gen)
+    best = float("inf")
+    for _ in range(repeats):
+        caches = model.new_caches(batch_size, context_len + n_new) if use_cache else None
+        seq = prompt
+        logits = model(prompt, caches)  # prefill, not timed
+        start = time.perf_counter()
+        for _ in range(n_new):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            seq = torch.cat([seq, nxt], dim=1)
+            logits = model(nxt, caches) if use_cache else model(seq)
+        best = min(best, (time.perf_counter() - start) / n_new)
+    return best
+
+
+def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3) -> dict[int, tuple]:
+    """{length: (seconds/token without cache, with cache, speed-up)} for each context length."""
+    out = {}
+    for length in lengths:
+        slow = time_per_token(model, length, n_new, use_cache=False, repeats=repeats)
+        fast = time_per_token(model, length, n_new, use_cache=True, repeats=repeats)
+        out[length] = (slow, fast, slow / fast)
+    return out
+
+
+def main() -> None:  # pragma: no cover - prints timings
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=2048, d_model=128, n_heads=4, n_layers=4)).eval()
+    print(f"{'context':>8} {'no cache ms/token':>18} {'cache ms/token':>15} {'speed-up':>9}")
+    for length, (slow, fast, ratio) in decode_speedups(model, [64, 128, 256, 512, 1024]).items():
+        print(f"{length:>8} {slow * 1e3:>18.2f} {fast * 1e3:>15.2f} {ratio:>8.1f}x")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,175 @@
+r"""A tiny GPT: token embedding, optional position encoding, pre-norm Transformer blocks, a linear head.
+
+One small causal language model for chapters 06 and 07. Its attention is
+:class:`~attncourse.mha.MultiHeadAttention` (inside :class:`~attncourse.transformer.TransformerBlock`),
+so MHA, GQA and MQA are one config field apart. Positions are one of
+
+* ``"learned"``: a trained vector per absolute position, up to ``block_size`` (GPT-2);
+* ``"sinusoidal"``: the fixed table of Vaswani et al., defined at any position;
+* ``"alibi"``: no position vector at all; a per-head linear bias on the scores (Press et al.).
+
+The attention pattern is causal, or a sliding window (``window``), or sinks + window (``n_sink``). The
+model builds every mask and bias itself from **absolute positions**, so a forward pass with KV caches
+(one per layer, :mod:`attncourse.kv_cache`) gives the same logits as a forward over the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _validate
+from .kv_cache import caches_for
+from .masks import MaskMod, attention_sink, causal, materialize_at
+from .positions import alibi_bias_at, alibi_slopes, sinusoidal_positions
+from .transformer import TransformerBlock
+
+POSITIONS = ("learned", "sinusoidal", "alibi", "none")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 256  # longest sequence with learned positions; the others can run longer
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = MHA, 1 = MQA, in between = GQA
+    n_layers: int = 2
+    d_ff: int | None = None  # FFN width; None = 4 * d_model
+    position: str = "learned"  # one of POSITIONS ("none": no position information at all)
+    window: int | None = None  # sliding window: each query sees itself and window - 1 keys before
+    n_sink: int = 0  # with a window: the first n_sink tokens stay visible to every query (StreamingLLM)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
+            _validate.positive_int(name, getattr(self, name))
+        if self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        if self.window is not None:
+            _validate.positive_int("window", self.window)
+        if self.n_sink and self.window is None:
+            raise ValueError(f"n_sink={self.n_sink} needs a window (sinks + window), got window=None")
+
+
+class GPT(nn.Module):
+    """tokens (B, T) -> next-token logits (B, T, vocab_size); see the module docstring."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.tok = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos = nn.Embedding(c.block_size, c.d_model) if c.position == "learned" else None
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.d_model, c.n_heads, c.d_ff, n_kv_heads=c.n_kv_heads, norm_first=True,
+                             activation="gelu") for _ in range(c.n_layers))
+        self.norm = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.register_buffer("slopes", alibi_slopes(c.n_heads), persistent=False)  # (H,), used by "alibi"
+
+    @property
+    def mask_mod(self) -> MaskMod:
+        c = self.config
+        return causal if c.window is None else attention_sink(c.n_sink, c.window)
+
+    def attn_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Bool (Tq, Tk) keep-mask, or with ALiBi a float (H, Tq, Tk) bias with -inf where blocked."""
+        keep = materialize_at(self.mask_mod, q_pos, k_pos)  # (Tq, Tk)
+        if self.config.position != "alibi":
+            return keep
+        bias = alibi_bias_at(self.slopes, q_pos, k_pos)  # (H, Tq, Tk): slope_h * (j - i)
+        return bias.masked_fill(~keep, float("-inf"))
+
+    def embed(self, tokens: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus position vectors: (B, T) -> (B, T, d_model)."""
+        c, x = self.config, self.tok(tokens)  # (B, T, d)
+        if c.position == "learned":
+            if int(q_pos[-1]) >= c.block_size:
+                raise ValueError(f"learned positions stop at block_size={c.block_size}; got position "
+                                 f"{int(q_pos[-1])} (tokens {tuple(tokens.shape)})")
+            x = x + self.pos(q_pos)  # (B, T, d) + (T, d)
+        elif c.position == "sinusoidal":
+            x = x + sinusoidal_positions(int(q_pos[-1]) + 1, c.d_model)[q_pos].to(x)  # (T, d)
+        return x
+
+    def forward(self, tokens: torch.Tensor, caches: list | None = None) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V). With `caches` (one per layer), tokens continue the cached ones."""
+        _validate.tensor("tokens", tokens, min_rank=2)
+        if tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be integer ids (B, T), got shape {tuple(tokens.shape)}, "
+                             f"dtype {tokens.dtype}")
+        t = tokens.shape[1]
+        if caches is None:
+            q_pos = k_pos = torch.arange(t)  # (T,)
+        else:
+            if len(caches) != len(self.blocks):
+                raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
+            q_pos, k_pos = caches[0].query_positions(t), caches[0].key_positions(t)  # (T,), (S,)
+        mask = self.attn_mask(q_pos.to(tokens.device), k_pos.to(tokens.device))  # (T, S) or (H, T, S)
+        x = self.embed(tokens, q_pos.to(tokens.device))  # (B, T, d)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask=mask, kv_cache=None if caches is None else caches[i])  # (B, T, d)
+        return self.head(self.norm(x))  # (B, T, d) -> (B, T, V)
+
+    def new_caches(self, batch_size: int, max_len: int) -> list:
+        """One cache per layer: preallocated to `max_len`, or rolling/sink when the config has a window."""
+        w = self.head.weight
+        return caches_for(self.config, batch_size, max_len, dtype=w.dtype, device=w.device)
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, n_new: int, *, use_cache: bool = True,
+                 temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue `prompt` (B, T0) by `n_new` tokens -> (B, T0 + n_new); greedy when temperature is 0.
+
+        Without the cache every step re-runs the whole sequence (quadratic); with it, the prompt is run
+        once (prefill) and each new token costs one position (decode).
+        """
+        _validate.positive_int("n_new", n_new)
+        seq = prompt
+        caches = self.new_caches(prompt.shape[0], prompt.shape[1] + n_new) if use_cache else None
+        logits = self(prompt, caches)  # prefill: (B, T0, V)
+        for step in range(n_new):
+            last = logits[:, -1]  # (B, V)
+            if temperature > 0:
+                nxt = torch.multinomial(F.softmax(last / temperature, -1), 1, generator=generator)  # (B, 1)
+            else:
+                nxt = last.argmax(-1, keepdim=True)  # (B, 1)
+            seq = torch.cat([seq, nxt], dim=1)  # (B, T + 1)
+            if step < n_new - 1:
+                logits = self(nxt, caches) if use_cache else self(seq)  # (B, 1, V) or (B, T + 1, V)
+        return seq
+
+
+def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of `model` on tokens (B, T): predict t+1 from 0..t."""
+    logits = model(tokens[:, :-1])  # (B, T-1, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def train_lm(model: nn.Module, sample_batch, steps: int, *, lr: float = 3e-3, progress: bool = False
+             ) -> list[float]:
+    """AdamW on :func:`lm_loss` for `steps` batches from ``sample_batch(step) -> (B, T)``; returns losses."""
+    _validate.positive_int("steps", steps)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    losses = []
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="training", leave=False)
+    model.train()
+    for step in it:
+        loss = lm_loss(model, sample_batch(step))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
