@@ -1,0 +1,203 @@
+r"""Attention for recurrent encoder-decoders: Bahdanau's additive score and Luong's three scores.
+
+One decoder step asks one question. The decoder state is the **query** $s \in \mathbb{R}^{D_q}$; the
+encoder annotations $h_1 \dots h_T$ are the **keys** (and, by default, the **values**):
+
+.. math::
+
+    e_j = \mathrm{score}(s, h_j), \qquad \alpha = \mathrm{softmax}(e), \qquad c = \sum_j \alpha_j h_j
+
+========  =========================================  ==========================
+score     :math:`\mathrm{score}(s, h)`                parameters
+========  =========================================  ==========================
+additive  :math:`v^\top \tanh(W_q s + W_k h)`         :math:`A (D_q + D_k + 1)`
+dot       :math:`s^\top h` (needs :math:`D_q = D_k`)  0
+general   :math:`s^\top W h`                          :math:`D_q D_k`
+concat    :math:`v^\top \tanh(W [s; h])`              :math:`A (D_q + D_k + 1)`
+========  =========================================  ==========================
+
+(:math:`A` is the attention's hidden size.) Both modules share the signature
+``forward(query (B, Dq), keys (B, T, Dk), values=None, mask=None) -> (context (B, Dv), weights (B, T))``;
+``mask`` is True at valid (non-padding) positions, and a row with no valid position gets zero weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import _validate
+from .sdpa import safe_softmax
+
+SCORES = ("dot", "general", "concat")
+
+
+def _check_inputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None,
+                  mask: torch.Tensor | None, query_size: int, key_size: int) -> torch.Tensor:
+    """Validate one attention call; return the values (the keys when `values` is None)."""
+    _validate.tensor("query", query, min_rank=2, floating=True)
+    _validate.tensor("keys", keys, min_rank=3, floating=True)
+    seen = f"query {tuple(query.shape)}, keys {tuple(keys.shape)}"
+    if query.dim() != 2 or keys.dim() != 3:
+        raise ValueError(f"query must be (B, Dq) and keys (B, T, Dk), got {seen}")
+    if query.shape[1] != query_size:
+        raise ValueError(f"query must have size {query_size} in its last dim, got {seen}")
+    if keys.shape[2] != key_size:
+        raise ValueError(f"keys must have size {key_size} in their last dim, got {seen}")
+    if query.shape[0] != keys.shape[0]:
+        raise ValueError(f"query and keys must share the batch size, got {seen}")
+    values = keys if values is None else values
+    _validate.tensor("values", values, min_rank=3, floating=True)
+    if values.dim() != 3 or values.shape[:2] != keys.shape[:2]:
+        raise ValueError(f"values must be (B, T, Dv) with the keys' B and T, got values "
+                         f"{tuple(values.shape)}, {seen}")
+    if mask is not None:
+        _validate.tensor("mask", mask)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = valid position), got dtype {mask.dtype}")
+        if tuple(mask.shape) != tuple(keys.shape[:2]):
+            raise ValueError(f"mask must be (B, T) = {tuple(keys.shape[:2])}, got shape {tuple(mask.shape)}")
+    return values
+
+
+def attend(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax `scores` (B, T) over the T source positions and mix `values` (B, T, Dv).
+
+    Returns ``(context (B, Dv), weights (B, T))``. Masked positions get weight 0; a row with no
+    valid position gets all-zero weights and a zero context (not NaN).
+    """
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # (B, T)
+    weights = safe_softmax(scores, dim=-1)  # (B, T): over the source positions, never a size-1 axis
+    context = (weights.unsqueeze(1) @ values).squeeze(1)  # (B, 1, T) @ (B, T, Dv) -> (B, Dv)
+    return context, weights
+
+
+class AdditiveAttention(nn.Module):
+    r"""Bahdanau et al. (2015): :math:`e_j = v^\top \tanh(W_q s + W_k h_j)`.
+
+    Args:
+        query_size: :math:`D_q`, the decoder state's size.
+        key_size: :math:`D_k`, the size of one encoder annotation.
+        hidden_size: :math:`A`, the size of the tanh layer. Parameters: ``A * (Dq + Dk + 1)``.
+    """
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.hidden_size = _validate.positive_int("hidden_size", hidden_size)
+        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
+        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)  # W_k
+        self.v = nn.Linear(hidden_size, 1, bias=False)  # v^T
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """:math:`W_k h_j` for every key, (B, T, Dk) -> (B, T, A): the same at every decoder step."""
+        return self.key_proj(keys)
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor,
+              projected_keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk)."""
+        q = self.query_proj(query).unsqueeze(1)  # (B, Dq) -> (B, 1, A)
+        k = self.project_keys(keys) if projected_keys is None else projected_keys  # (B, T, A)
+        return self.v(torch.tanh(q + k)).squeeze(-1)  # (B, T, A) -> (B, T, 1) -> (B, T)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, projected_keys: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(context (B, Dv), weights (B, T))``; see the module docstring.
+
+        `projected_keys`, from :meth:`project_keys` on the same keys, saves recomputing them at every
+        decoder step (a decoder attends over the same annotations T times).
+        """
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        return attend(self.score(query, keys, projected_keys), values, mask)
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}, hidden_size={self.hidden_size}"
+
+
+class LuongAttention(nn.Module):
+    r"""Luong et al. (2015): the ``"dot"``, ``"general"`` and ``"concat"`` scores behind one switch.
+
+    Args:
+        query_size: :math:`D_q`, the decoder state's size.
+        key_size: :math:`D_k`, the size of one encoder annotation. ``"dot"`` needs ``Dq == Dk``.
+        score: ``"dot"`` (:math:`s^\top h`), ``"general"`` (:math:`s^\top W h`) or
+            ``"concat"`` (:math:`v^\top \tanh(W[s; h])`).
+        hidden_size: the tanh layer's size for ``"concat"`` (default `key_size`); unused otherwise.
+    """
+
+    def __init__(self, query_size: int, key_size: int, score: str = "dot",
+                 hidden_size: int | None = None) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        if score == "dot" and query_size != key_size:
+            raise ValueError(
+                f"score='dot' needs query_size == key_size (s^T h is only defined for equal sizes), "
+                f"got query_size={query_size}, key_size={key_size}: use score='general' or 'concat'")
+        self.score_name = score
+        self.hidden_size = key_size if hidden_size is None else _validate.positive_int("hidden_size", hidden_size)
+        if score == "general":
+            self.W = nn.Linear(key_size, query_size, bias=False)  # W h: (Dk,) -> (Dq,); weight (Dq, Dk)
+        elif score == "concat":
+            self.W = nn.Linear(query_size + key_size, self.hidden_size, bias=False)  # W [s; h]
+            self.v = nn.Linear(self.hidden_size, 1, bias=False)
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """The part of the score that depends on the keys alone: :math:`W_h h_j` (B, T, A) for
+        ``"concat"``; the keys themselves for ``"dot"`` and ``"general"``."""
+        if self.score_name != "concat":
+            return keys
+        return keys @ self.W.weight[:, self.query_size:].T  # (B, T, Dk) @ (Dk, A) -> (B, T, A)
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor,
+              projected_keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk)."""
+        if self.score_name == "dot":
+            return (keys @ query.unsqueeze(-1)).squeeze(-1)  # (B, T, D) @ (B, D, 1) -> (B, T)
+        if self.score_name == "general":
+            # s^T W h = (W^T s)^T h: project the one query instead of the T keys.
+            q = query @ self.W.weight  # (B, Dq) @ (Dq, Dk) -> (B, Dk)
+            return (keys @ q.unsqueeze(-1)).squeeze(-1)  # (B, T, Dk) @ (B, Dk, 1) -> (B, T)
+        # concat: W [s; h] = W_s s + W_h h, with W = [W_s | W_h] split by columns (no (B, T, Dq+Dk) copy).
+        w_s = self.W.weight[:, : self.query_size]  # (A, Dq)
+        k = self.project_keys(keys) if projected_keys is None else projected_keys  # (B, T, A)
+        hidden = (query @ w_s.T).unsqueeze(1) + k  # (B, 1, A) + (B, T, A) -> (B, T, A)
+        return self.v(torch.tanh(hidden)).squeeze(-1)  # (B, T, 1) -> (B, T)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, projected_keys: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(context (B, Dv), weights (B, T))``; `projected_keys` as in AdditiveAttention."""
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        return attend(self.score(query, keys, projected_keys), values, mask)
+
+    def extra_repr(self) -> str:
+        extra = f", hidden_size={self.hidden_size}" if self.score_name == "concat" else ""
+        return f"query_size={self.query_size}, key_size={self.key_size}, score={self.score_name!r}{extra}"
+
+
+def score_parameter_count(score: str, query_size: int, key_size: int, hidden_size: int | None = None) -> int:
+    """Number of learned parameters of one attention score (no biases), by formula.
+
+    ``"additive"`` and ``"concat"`` need `hidden_size` (concat defaults it to `key_size`, as
+    :class:`LuongAttention` does).
+    """
+    _validate.positive_int("query_size", query_size)
+    _validate.positive_int("key_size", key_size)
+    if score == "dot":
+        return 0
+    if score == "general":
+        return query_size * key_size
+    if score in ("additive", "concat"):
+        if hidden_size is None:
+            if score == "additive":
+                raise ValueError("score='additive' needs hidden_size")
+            hidden_size = key_size
+        return _validate.positive_int("hidden_size", hidden_size) * (query_size + key_size + 1)
+    raise ValueError(f"score must be 'additive', 'dot', 'general' or 'concat', got {score!r}")

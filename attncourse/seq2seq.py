@@ -1,0 +1,267 @@
+"""A task a fixed-size bottleneck fails on, and a small GRU encoder-decoder to show it (chapters 01-02).
+
+The task: reverse a sequence of random digits (lengths `min_len`..`max_len`). The model: a
+bidirectional GRU encoder and a GRU decoder that, at each output step, may ask an attention module
+(:class:`~attncourse.rnn_attention.AdditiveAttention`, :class:`~attncourse.rnn_attention.LuongAttention`,
+anything with the same signature) for a context vector. The decoder's previous state is the **query**;
+the encoder annotations are the **keys and values**. With ``attention=None`` the decoder sees only
+the encoder's final states: everything must pass through one fixed-size vector.
+
+The decoder follows Luong et al. (attention after the GRU step, no context fed back into the GRU),
+so that teacher-forced training runs all output steps at once; Bahdanau et al. also feed the
+context into the GRU, which forces a Python loop over steps. The attention scores, the subject of
+the chapters, are the same either way.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from . import _validate
+from .rnn_attention import AdditiveAttention, LuongAttention
+
+PAD, SOS = 0, 1  # token ids; digit d is token d + 2
+ATTENTIONS = ("none", "additive", "dot", "general", "concat")
+
+
+class Batch(NamedTuple):
+    src: torch.Tensor  # (B, S) digit tokens, PAD after each row's length
+    lengths: torch.Tensor  # (B,) int64, between min_len and max_len
+    tgt: torch.Tensor  # (B, S) the reversed digits, PAD after each row's length
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(B, S) bool, True at real (non-padding) positions."""
+        return self.src != PAD
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Task, model and training sizes. The defaults train a model in about 5-10 s on one CPU core."""
+
+    num_digits: int = 10  # symbols to reverse; the vocabulary adds PAD and SOS
+    min_len: int = 4
+    max_len: int = 16  # long enough that one 64-number vector cannot hold the whole input
+    embed_size: int = 32
+    encoder_size: int = 32  # per direction: annotations are 2 * encoder_size wide
+    decoder_size: int = 64  # = 2 * encoder_size, so Luong's "dot" score applies
+    attention_size: int = 32  # hidden size of the additive / concat score
+    batch_size: int = 64
+    steps: int = 200  # optimiser steps, a fresh random batch each: enough for attention, not for the baseline
+    lr: float = 5e-3  # Adam
+    clip: float = 1.0  # gradient-norm clipping, the usual guard for RNNs
+    num_threads: int = 1  # these matrices are tiny: more threads add overhead (restored after training)
+    seed: int = 0
+
+    @classmethod
+    def full(cls, **overrides) -> "Seq2SeqConfig":
+        """The bigger run (``FULL=1`` in the notebooks): longer inputs, more steps, larger batches."""
+        return cls(**{"max_len": 24, "steps": 1000, "batch_size": 128, **overrides})
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_digits + 2
+
+    @property
+    def key_size(self) -> int:
+        return 2 * self.encoder_size
+
+
+def reverse_batch(batch_size: int, min_len: int, max_len: int, num_digits: int = 10,
+                  generator: torch.Generator | None = None, length: int | None = None) -> Batch:
+    """Random digit sequences and their reversals; every row has its own length (or `length`)."""
+    for name, value in (("batch_size", batch_size), ("min_len", min_len), ("max_len", max_len),
+                        ("num_digits", num_digits)):
+        _validate.positive_int(name, value)
+    if min_len > max_len:
+        raise ValueError(f"min_len must be <= max_len, got min_len={min_len}, max_len={max_len}")
+    if length is not None:
+        lengths = torch.full((batch_size,), _validate.positive_int("length", length))
+    else:
+        lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (B,)
+    width = int(lengths.max())
+    digits = torch.randint(0, num_digits, (batch_size, width), generator=generator) + 2  # (B, S)
+    pos = torch.arange(width)  # (S,)
+    valid = pos < lengths[:, None]  # (B, S)
+    src = digits.masked_fill(~valid, PAD)
+    rev_index = (lengths[:, None] - 1 - pos).clamp(min=0)  # (B, S): output t reads input len-1-t
+    tgt = src.gather(1, rev_index).masked_fill(~valid, PAD)  # (B, S)
+    return Batch(src, lengths, tgt)
+
+
+def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
+    """The attention module named `kind` (one of ATTENTIONS), sized for `config`'s model."""
+    if kind == "none":
+        return None
+    if kind == "additive":
+        return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
+    if kind in ("dot", "general", "concat"):
+        return LuongAttention(config.decoder_size, config.key_size, kind, hidden_size=config.attention_size)
+    raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
+
+
+class Seq2Seq(nn.Module):
+    """Bidirectional GRU encoder, GRU decoder, optional attention (the query is the decoder state).
+
+    At output step t the decoder GRU reads the previous token and updates its state
+    :math:`s_t`; the attention module takes :math:`s_t` as the query and the annotations as keys
+    and values and returns a context :math:`c_t`; the next-token logits are
+    :math:`W_o [s_t; c_t]` (just :math:`W_o s_t` without attention). The context is not fed back
+    into the GRU, so with teacher forcing all T steps run at once (one ``nn.GRU`` call, one
+    attention call on B*T queries): that is what keeps training fast on a CPU.
+    """
+
+    def __init__(self, config: Seq2SeqConfig, attention: nn.Module | None = None) -> None:
+        super().__init__()
+        c = self.config = config
+        self.attention = attention
+        self.embed = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=PAD)
+        self.encoder = nn.GRU(c.embed_size, c.encoder_size, batch_first=True, bidirectional=True)
+        self.bridge = nn.Linear(c.key_size, c.decoder_size)  # s_0 = tanh(W [h_fwd_last; h_bwd_first] + b)
+        self.decoder = nn.GRU(c.embed_size, c.decoder_size, batch_first=True)
+        self.out = nn.Linear(c.decoder_size + (c.key_size if attention is not None else 0), c.vocab_size)
+
+    def encode(self, src: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Annotations (B, S, 2*E) (zeros at padding) and the decoder's first state (B, Dd)."""
+        packed = pack_padded_sequence(self.embed(src), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, h_n = self.encoder(packed)  # h_n: (2, B, E), forward's last and backward's first state
+        annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])  # (B, S, 2E)
+        state = torch.tanh(self.bridge(torch.cat([h_n[0], h_n[1]], dim=-1)))  # (B, 2E) -> (B, Dd)
+        return annotations, state
+
+    def readout(self, states: torch.Tensor, annotations: torch.Tensor, mask: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and weights (B, T, S) for decoder states (B, T, Dd), all T queries at once."""
+        if self.attention is None:
+            return self.out(states), None
+        b, t, _ = states.shape
+        s = annotations.shape[1]
+        keys = annotations[:, None].expand(b, t, s, -1).reshape(b * t, s, -1)  # (B*T, S, 2E)
+        project = getattr(self.attention, "project_keys", None)  # the keys' share of the score, once
+        extra = {}
+        if project is not None:
+            projected = project(annotations)  # (B, S, A)
+            extra["projected_keys"] = projected[:, None].expand(b, t, s, -1).reshape(b * t, s, -1)
+        query = states.reshape(b * t, -1)  # (B, T, Dd) -> (B*T, Dd)
+        mask = mask[:, None].expand(b, t, s).reshape(b * t, s)  # (B*T, S)
+        context, weights = self.attention(query, keys, mask=mask, **extra)  # (B*T, 2E), (B*T, S)
+        logits = self.out(torch.cat([query, context], dim=-1))  # (B*T, Dd + 2E) -> (B*T, V)
+        return logits.reshape(b, t, -1), weights.reshape(b, t, s)
+
+    def forward(self, src: torch.Tensor, lengths: torch.Tensor, tgt: torch.Tensor | None = None,
+                steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and attention weights (B, T, S) (None without attention).
+
+        With `tgt` (B, T) the decoder reads the true previous token (teacher forcing, all steps at
+        once); without it, it reads its own greedy prediction, one step at a time, for `steps`
+        steps (default S).
+        """
+        annotations, state = self.encode(src, lengths)  # (B, S, 2E), (B, Dd)
+        mask = src != PAD  # (B, S)
+        start = torch.full_like(src[:, :1], SOS)  # (B, 1)
+        if tgt is not None:
+            inputs = self.embed(torch.cat([start, tgt[:, :-1]], dim=1))  # (B, T, Emb): y_0 = SOS, y_1 ...
+            states, _ = self.decoder(inputs, state[None])  # (B, T, Dd)
+            return self.readout(states, annotations, mask)
+        token, hidden = start, state[None]  # (B, 1), (1, B, Dd)
+        logits, weights = [], []
+        for _ in range(steps or src.shape[1]):
+            out, hidden = self.decoder(self.embed(token), hidden)  # (B, 1, Dd)
+            step_logits, step_weights = self.readout(out, annotations, mask)  # (B, 1, V), (B, 1, S)
+            logits.append(step_logits)
+            weights.append(step_weights)
+            token = step_logits.argmax(-1)  # (B, 1)
+        stacked = torch.cat(weights, dim=1) if self.attention is not None else None  # (B, T, S)
+        return torch.cat(logits, dim=1), stacked  # (B, T, V)
+
+
+def build_model(attention: str, config: Seq2SeqConfig | None = None) -> Seq2Seq:
+    """A freshly initialised model (seeded with ``config.seed``) using the attention named `attention`."""
+    config = config or Seq2SeqConfig()
+    torch.manual_seed(config.seed)
+    return Seq2Seq(config, make_attention(attention, config))
+
+
+def loss_on(model: Seq2Seq, batch: Batch) -> torch.Tensor:
+    """Teacher-forced cross-entropy over the non-padding target tokens."""
+    logits, _ = model(batch.src, batch.lengths, batch.tgt)  # (B, S, V)
+    return F.cross_entropy(logits.flatten(0, 1), batch.tgt.flatten(), ignore_index=PAD)
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Run the block with `n` PyTorch CPU threads, then restore the previous number."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(_validate.positive_int("num_threads", n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train(model: Seq2Seq, config: Seq2SeqConfig | None = None, *, progress: bool = True,
+          desc: str = "training") -> list[float]:
+    """Adam on fresh random batches for ``config.steps`` steps; returns the loss of every step."""
+    from tqdm.auto import tqdm
+
+    c = config or model.config
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    opt = torch.optim.Adam(model.parameters(), lr=c.lr, fused=True)  # one kernel for all parameters
+    model.train()
+    losses: list[float] = []
+    with threads(c.num_threads):
+        bar = tqdm(range(c.steps), desc=desc, disable=not progress, mininterval=0.5)
+        for _ in bar:
+            loss = loss_on(model, reverse_batch(c.batch_size, c.min_len, c.max_len, c.num_digits, gen))
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), c.clip)
+            opt.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    return losses
+
+
+@torch.no_grad()
+def accuracy_by_length(model: Seq2Seq, lengths: list[int] | range | None = None, n: int = 200,
+                       seed: int = 1234) -> dict[int, float]:
+    """Greedy-decoding token accuracy on `n` fresh sequences of each length (no teacher forcing)."""
+    c = model.config
+    lengths = range(c.min_len, c.max_len + 1) if lengths is None else lengths
+    gen = torch.Generator().manual_seed(seed)
+    model.eval()
+    result = {}
+    with threads(c.num_threads):
+        for length in lengths:
+            batch = reverse_batch(n, c.min_len, c.max_len, c.num_digits, gen, length=length)
+            logits, _ = model(batch.src, batch.lengths, steps=length)  # (n, L, V)
+            result[int(length)] = (logits.argmax(-1) == batch.tgt).float().mean().item()
+    return result
+
+
+def time_per_step(model: Seq2Seq, repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds of one training step (forward, backward, no update) on a full-length batch."""
+    c = model.config
+    batch = reverse_batch(c.batch_size, c.max_len, c.max_len, c.num_digits, torch.Generator().manual_seed(0))
+    times = []
+    with threads(c.num_threads):
+        for i in range(warmup + repeats):
+            start = time.perf_counter()
+            model.zero_grad()
+            loss_on(model, batch).backward()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def count_parameters(module: nn.Module | None) -> int:
+    """Trainable parameters of `module` (0 for None)."""
+    return 0 if module is None else sum(p.numel() for p in module.parameters() if p.requires_grad)
