@@ -9,6 +9,7 @@ from .gpt import GPT, GPTConfig
 from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, mha_to_gqa
 from .kv_cache import KVCache, SinkWindowCache
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
+from .rnn_attention import AdditiveAttention, LuongAttention
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .transformer import FeedForward, TransformerBlock
@@ -17,6 +18,8 @@ from .utils import device, env_report, print_env_report, set_seed
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdditiveAttention",
+    "LuongAttention",
     "alibi_bias",
     "alibi_slopes",
     "GPT",
