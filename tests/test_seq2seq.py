@@ -1,0 +1,165 @@
+"""The reversal task, the GRU encoder-decoder with and without attention, training and evaluation."""
+
+import pytest
+import torch
+from torch import nn
+
+from attncourse import AdditiveAttention
+from attncourse.seq2seq import (ATTENTIONS, PAD, SOS, Seq2Seq, Seq2SeqConfig, accuracy_by_length, build_model,
+                                count_parameters, loss_on, make_attention, reverse_batch, threads, train)
+
+SMALL = dict(min_len=2, max_len=7, embed_size=8, encoder_size=6, decoder_size=12, attention_size=5,
+             batch_size=16)
+
+
+def test_reverse_batch_reverses_each_row_within_its_length():
+    batch = reverse_batch(50, 3, 9, num_digits=4, generator=torch.Generator().manual_seed(0))
+    assert batch.src.shape == batch.tgt.shape == (50, int(batch.lengths.max()))
+    assert batch.lengths.min() >= 3 and batch.lengths.max() <= 9
+    for src, tgt, n in zip(batch.src, batch.tgt, batch.lengths.tolist()):
+        assert torch.equal(tgt[:n], src[:n].flip(0))
+        assert torch.all(src[n:] == PAD) and torch.all(tgt[n:] == PAD)
+        assert torch.all((src[:n] >= 2) & (src[:n] < 2 + 4))  # digits, never PAD or SOS
+    assert torch.equal(batch.mask, batch.src != PAD)
+
+
+def test_reverse_batch_is_seeded_and_fixed_length_works():
+    a = reverse_batch(8, 2, 5, generator=torch.Generator().manual_seed(1))
+    b = reverse_batch(8, 2, 5, generator=torch.Generator().manual_seed(1))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    fixed = reverse_batch(4, 2, 5, length=11)
+    assert fixed.src.shape == (4, 11) and torch.all(fixed.lengths == 11) and torch.all(fixed.src != PAD)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch_size=0, min_len=1, max_len=3), r"batch_size must be positive, got 0"),
+    (dict(batch_size=2, min_len=5, max_len=3), r"min_len=5, max_len=3"),
+    (dict(batch_size=2, min_len=1, max_len=3, num_digits=1.5), r"num_digits must be an int"),
+])
+def test_reverse_batch_rejects_bad_arguments(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        reverse_batch(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ATTENTIONS)
+def test_shapes_and_attention_weights(kind):
+    config = Seq2SeqConfig(**SMALL)
+    model = build_model(kind, config)
+    batch = reverse_batch(5, 2, 7, generator=torch.Generator().manual_seed(2))
+    logits, weights = model(batch.src, batch.lengths, batch.tgt)
+    b, s = batch.src.shape
+    assert logits.shape == (b, s, config.vocab_size)
+    if kind == "none":
+        assert weights is None
+        return
+    assert weights.shape == (b, s, s)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(b, s))  # every output step: sums to 1
+    assert torch.all(weights.masked_select(~batch.mask[:, None, :]) == 0)  # no weight on padding
+
+
+@pytest.mark.parametrize("kind", ["none", "additive", "general"])
+def test_padding_does_not_change_a_sequence_s_result(kind):
+    """A short sequence alone and in a batch with a longer one (so padded) gives the same logits."""
+    model = build_model(kind, Seq2SeqConfig(**SMALL)).double()
+    short = torch.tensor([[3, 4, 5]])
+    long = torch.tensor([[2, 3, 4, 5, 6, 7, 8]])
+    padded = torch.cat([torch.cat([short, torch.full((1, 4), PAD)], dim=1), long])  # (2, 7)
+    tgt_short = short.flip(1)
+    alone, _ = model(short, torch.tensor([3]), tgt_short)
+    tgt = torch.cat([torch.cat([tgt_short, torch.full((1, 4), PAD)], dim=1), long.flip(1)])
+    batched, _ = model(padded, torch.tensor([3, 7]), tgt)
+    torch.testing.assert_close(batched[0, :3], alone[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["none", "additive", "dot", "concat"])
+def test_greedy_decoding_equals_teacher_forcing_on_its_own_output(kind):
+    """Step-by-step decoding and the all-steps-at-once path compute the same function."""
+    model = build_model(kind, Seq2SeqConfig(**SMALL)).double()
+    batch = reverse_batch(6, 2, 7, generator=torch.Generator().manual_seed(3))
+    greedy_logits, greedy_w = model(batch.src, batch.lengths, steps=5)
+    forced_logits, forced_w = model(batch.src, batch.lengths, greedy_logits.argmax(-1))
+    torch.testing.assert_close(greedy_logits, forced_logits, rtol=1e-10, atol=1e-12)
+    if kind != "none":
+        torch.testing.assert_close(greedy_w, forced_w, rtol=1e-10, atol=1e-12)
+
+
+def test_first_decoder_input_is_sos():
+    model = build_model("none", Seq2SeqConfig(**SMALL))
+    batch = reverse_batch(3, 2, 5, generator=torch.Generator().manual_seed(4))
+    seen = []
+    model.decoder.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    model(batch.src, batch.lengths, batch.tgt)
+    torch.testing.assert_close(seen[0][:, 0], model.embed.weight[SOS].expand(3, -1))
+
+
+def test_any_module_with_the_signature_works():
+    config = Seq2SeqConfig(**SMALL)
+    model = Seq2Seq(config, AdditiveAttention(config.decoder_size, config.key_size, 3))
+    batch = reverse_batch(4, 2, 7)
+    assert model(batch.src, batch.lengths, batch.tgt)[1].shape[0] == 4
+    assert count_parameters(model.attention) == 3 * (config.decoder_size + config.key_size + 1)
+    assert count_parameters(None) == 0
+
+
+def test_make_attention_rejects_unknown_names():
+    with pytest.raises(ValueError, match=r"attention must be one of.*'luong'"):
+        make_attention("luong", Seq2SeqConfig())
+
+
+def test_training_lowers_the_loss_and_restores_threads():
+    config = Seq2SeqConfig(**SMALL, steps=60, lr=1e-2)
+    model = build_model("additive", config)
+    before = torch.get_num_threads()
+    losses = train(model, progress=False)
+    assert torch.get_num_threads() == before
+    assert len(losses) == 60
+    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10, losses
+
+
+def test_build_model_is_seeded():
+    a, b = build_model("general", Seq2SeqConfig(**SMALL)), build_model("general", Seq2SeqConfig(**SMALL))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+class _Oracle(nn.Module):
+    """Knows the answer (or always says digit 0): to check that accuracy_by_length measures the right thing."""
+
+    def __init__(self, config, perfect):
+        super().__init__()
+        self.config, self.perfect = config, perfect
+
+    def forward(self, src, lengths, tgt=None, steps=None):
+        answer = src.flip(1) if self.perfect else torch.full_like(src, 2)  # fixed-length rows: flip is exact
+        return nn.functional.one_hot(answer[:, :steps], self.config.vocab_size).float(), None
+
+
+def test_accuracy_by_length():
+    config = Seq2SeqConfig(num_digits=4, min_len=3, max_len=6)
+    perfect = accuracy_by_length(_Oracle(config, True), n=50)
+    assert list(perfect) == [3, 4, 5, 6] and all(v == 1.0 for v in perfect.values())
+    constant = accuracy_by_length(_Oracle(config, False), lengths=[5], n=400)
+    assert abs(constant[5] - 0.25) < 0.05  # one digit in four
+
+
+def test_loss_ignores_padding():
+    model = build_model("dot", Seq2SeqConfig(**SMALL))
+    batch = reverse_batch(4, 2, 7, generator=torch.Generator().manual_seed(5))
+    logits, _ = model(batch.src, batch.lengths, batch.tgt)
+    valid = batch.tgt != PAD
+    expected = nn.functional.cross_entropy(logits[valid], batch.tgt[valid])
+    torch.testing.assert_close(loss_on(model, batch), expected)
+
+
+def test_threads_validates_and_restores():
+    before = torch.get_num_threads()
+    with threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="num_threads must be positive"):
+        with threads(0):
+            pass
+
+
+def test_full_config():
+    full = Seq2SeqConfig.full(steps=5)
+    assert full.max_len > Seq2SeqConfig().max_len and full.steps == 5 and full.key_size == full.decoder_size
