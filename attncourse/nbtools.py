@@ -151,8 +151,15 @@ def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
 def kernel_manager():
     """An async kernel manager (what nbclient needs for its timeouts to work) that starts ipykernel with
     *this* interpreter, whatever kernelspecs are installed."""
+    import os
+
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    # Figures must be drawn inline (they are part of the stored outputs nbval compares): a backend
+    # such as MPLBACKEND=Agg inherited from a CI environment would make every plot cell output nothing.
+    if "inline" not in os.environ.get("MPLBACKEND", "inline"):
+        os.environ.pop("MPLBACKEND")
 
     class CurrentEnvSpecs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
