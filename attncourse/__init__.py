@@ -10,6 +10,7 @@ from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, 
 from .kv_cache import KVCache, SinkWindowCache
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
 from .rnn_attention import AdditiveAttention, LuongAttention
+from .online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, logsumexp_from_state, merge_attention_states, merge_softmax_states, naive_softmax, one_pass_softmax, online_attention, online_attention_update, online_softmax_state, online_softmax_trace, softmax_state, three_pass_softmax, two_pass_softmax)  # noqa: E501
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .transformer import FeedForward, TransformerBlock
@@ -45,6 +46,7 @@ __all__ = [
     "print_env_report",
     "safe_softmax",
     "scaled_dot_product_attention",
+    *("AttentionState", "SoftmaxState", "finalize_attention_state", "logsumexp_from_state", "merge_attention_states", "merge_softmax_states", "naive_softmax", "one_pass_softmax", "online_attention", "online_attention_update", "online_softmax_state", "online_softmax_trace", "softmax_state", "three_pass_softmax", "two_pass_softmax"),  # noqa: E501
     "set_seed",
     "TransformerBlock",
 ]
