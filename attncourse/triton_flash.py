@@ -249,6 +249,9 @@ def _prepare(query, key, value, scale, block_q, block_k):
         raise RuntimeError("the tensors are on the CPU but the Triton kernels were compiled for a GPU: set "
                            "TRITON_INTERPRET=1 in the environment before importing attncourse.triton_flash "
                            "(or Triton) to run them in the interpreter, or move the tensors to a GPU")
+    if query.dtype == torch.bfloat16 and interpreted():
+        raise TypeError("bfloat16 does not run in Triton's interpreter (NumPy has no bfloat16): use float16 or "
+                        "float32 on the CPU, or bfloat16 on a GPU")
     default_q, default_k = _default_blocks(query.device)
     block_q = default_q if block_q is None else _block("block_q", block_q)
     block_k = default_k if block_k is None else _block("block_k", block_k)
