@@ -67,11 +67,11 @@ if TRITON_AVAILABLE:
         l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of exp2(s - m_i)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)  # running sum of exp2(s - m_i) @ V
 
-        # Causal (top-left aligned): row i sees keys 0..i, so this block needs keys below (pid_q + 1) * BLOCK_Q
-        # only; the key blocks above the diagonal are skipped, not masked.
+        # Causal (top-left aligned): row i sees keys 0..i, so this block needs only the keys before its last
+        # real row, min((pid_q + 1) * BLOCK_Q, T_Q); key blocks above the diagonal are skipped, not masked.
         hi = T_K
         if IS_CAUSAL:
-            hi = tl.minimum(T_K, (pid_q + 1) * BLOCK_Q)
+            hi = tl.minimum(T_K, tl.minimum(T_Q, (pid_q + 1) * BLOCK_Q))
         for start in range(0, hi, BLOCK_K):
             cols = start + offs_k  # (BLOCK_K,)
             k_ok = cols < T_K
@@ -170,8 +170,8 @@ if TRITON_AVAILABLE:
         dq = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
 
         hi = T_K
-        if IS_CAUSAL:
-            hi = tl.minimum(T_K, (pid_q + 1) * BLOCK_Q)
+        if IS_CAUSAL:  # the same skip as the forward
+            hi = tl.minimum(T_K, tl.minimum(T_Q, (pid_q + 1) * BLOCK_Q))
         for start in range(0, hi, BLOCK_K):
             cols = start + offs_k
             k_ok = cols < T_K

@@ -29,7 +29,8 @@ needs_triton = pytest.mark.skipif(not tf.TRITON_AVAILABLE,
                                   reason="Triton is not installed (pip install 'attncourse[triton]', Linux only)")
 needs_cuda = pytest.mark.skipif(not (tf.TRITON_AVAILABLE and HAS_CUDA), reason="needs Triton and a CUDA GPU")
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-F32 = dict(rtol=1e-5, atol=2e-5) if not HAS_CUDA else dict(rtol=2e-3, atol=2e-3)  # GPU float32 dots use TF32
+# Float32 tolerances: the interpreter multiplies in float32; on a GPU tl.dot rounds float32 inputs to TF32.
+F32 = dict(rtol=1e-5, atol=2e-5) if not HAS_CUDA else dict(rtol=3e-3, atol=3e-3)
 
 
 def qkv(shape_q, k_len, *, dtype=torch.float32, seed=0, device=DEVICE):
@@ -63,7 +64,7 @@ def test_forward_matches_oracle_pytorch_and_logsumexp(t_q, t_k, d, is_causal):
     assert out.shape == (1, 2, t_q, d) and out.dtype == q.dtype and lse.shape == (1, 2, t_q)
     torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=is_causal), **F32)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), **F32)
-    torch.testing.assert_close(lse.double(), reference_lse(q, k, is_causal), rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(lse.double(), reference_lse(q, k, is_causal), **F32)
 
 
 @needs_triton
@@ -73,7 +74,7 @@ def test_block_sizes_do_not_change_the_result(block_q, block_k):
     for causal in (False, True):
         out, lse = tf.triton_flash_attention_forward(q, k, v, is_causal=causal, block_q=block_q, block_k=block_k)
         torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=causal), **F32)
-        torch.testing.assert_close(lse.double(), reference_lse(q, k, causal), rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(lse.double(), reference_lse(q, k, causal), **F32)
 
 
 @needs_triton
@@ -84,7 +85,7 @@ def test_any_leading_dims_and_custom_scale(shape_q, k_len):
     out = tf.triton_flash_attention(q, k, v, scale=0.3)
     torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, scale=0.3), **F32)
     _, lse = tf.triton_flash_attention_forward(q, k, v, scale=0.3)
-    torch.testing.assert_close(lse.double(), reference_lse(q, k, False, scale=0.3), rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(lse.double(), reference_lse(q, k, False, scale=0.3), **F32)
 
 
 @needs_triton
