@@ -117,6 +117,28 @@ def masks_side_by_side(masks: Mapping[str, torch.Tensor], *, title: str = "Atten
     return fig
 
 
+def line_plot(x: Sequence[float], curves: Mapping[str, Sequence[float]], *, title: str, xlabel: str,
+              ylabel: str, ax: plt.Axes | None = None, logx: bool = False, logy: bool = False,
+              vline: float | None = None, vline_label: str | None = None, marker: str = "o") -> plt.Axes:
+    """One line per entry of `curves` (name -> y values at `x`), with an optional vertical marker line
+    (e.g. the training length); log axes on request."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.8))
+    for name, ys in curves.items():
+        if len(ys) != len(x):
+            raise ValueError(f"curve {name!r} has {len(ys)} values for {len(x)} x positions")
+        ax.plot(x, _to_numpy(ys), marker=marker, label=name)
+    if vline is not None:
+        ax.axvline(vline, color="grey", ls="--", lw=1, label=vline_label)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    return ax
+
+
 if __name__ == "__main__":  # pragma: no cover - a demo that draws
     from .sdpa import scaled_dot_product_attention
 

@@ -70,3 +70,18 @@ def test_causal_mask_helper():
     from attncourse import causal_mask
 
     assert causal_mask(2, 3).tolist() == [[True, False, False], [True, True, False]]
+
+
+def test_line_plot_labels_curves_and_marker_line():
+    ax = plot.line_plot([16, 32, 64], {"a": [1.0, 2.0, 3.0], "b": torch.tensor([1.0, 1.1, 1.2])}, title="loss",
+                        xlabel="length", ylabel="nats", logx=True, vline=16, vline_label="train length")
+    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == ("loss", "length", "nats")
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "train length"]
+    plt.close("all")
+
+
+def test_line_plot_rejects_length_mismatch():
+    with pytest.raises(ValueError, match=r"curve 'a' has 2 values for 3 x positions"):
+        plot.line_plot([1, 2, 3], {"a": [1.0, 2.0]}, title="t", xlabel="x", ylabel="y")
+    plt.close("all")
