@@ -139,3 +139,127 @@ def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path):
     st = statuses(result)
     assert st["03-sdpa-numpy"] == "passed" and st["03-masked-attention"] == "timeout"
     assert st["03-variance-experiment"] == "timeout" and "ignored an interrupt" in result.message
+
+
+# ----------------------------------------------------------------------------- hidden tests, class runs
+
+NAIVE_MASKED = (
+    "def masked_attention(q, k, v, keep):\n"
+    "    # no max subtraction: fine on small scores, overflows on large ones\n"
+    "    scores = (q @ k.transpose(-2, -1)).double() / math.sqrt(q.shape[-1])\n"
+    "    weights = torch.exp(scores.float()).masked_fill(~keep, 0.0)\n"
+    "    total = weights.sum(-1, keepdim=True)\n"
+    "    weights = weights / torch.where(total > 0, total, torch.ones_like(total))\n"
+    "    return weights.to(v.dtype) @ v\n")
+
+
+def minimal(nb):
+    """Only the imports and the exercise cells: the same grading in a third of the time."""
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = [c for i, c in enumerate(nb.cells) if i == first_code or "nbgrader" in c.metadata]
+
+
+def test_hidden_tests_exist_map_to_exercises_and_stay_out_of_exercises():
+    from attncourse import checks
+
+    registered = checks.registry()
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        chapter = path.name[:2]
+        for ex_id, blocks in grade.hidden_tests(chapter).items():
+            assert ex_id in registered, f"{path.name}: hidden tests for unknown exercise {ex_id}"
+            text = (ROOT / "exercises" / path.name).read_text(encoding="utf-8")
+            assert all(line.strip() not in text for b in blocks for line in b.splitlines() if len(line.strip()) > 25)
+    assert "03-masked-attention" in grade.hidden_tests("03")
+
+
+def test_hidden_tests_run_in_the_grader_and_patching_the_kernel_does_not_help(tmp_path):
+    def edit(nb):
+        minimal(nb)
+        answer_cell(nb, "03-masked-attention").source = NAIVE_MASKED + (
+            "import torch.testing, attncourse, attncourse.sdpa\n"
+            "torch.testing.assert_close = lambda *a, **k: None       # the hidden test's assertion, disarmed?\n"
+            "attncourse.scaled_dot_product_attention = masked_attention  # the reference, replaced?\n"
+            "attncourse.sdpa.scaled_dot_product_attention = masked_attention\n"
+            "print('✓ 03-masked-attention: all 4 case(s) passed; 1 hidden test(s) passed')\n")
+
+    path = submission(tmp_path, "03_naive.ipynb", edit)
+    result = grade.grade_notebook(path, cell_timeout=30)
+    ex = next(e for e in result.exercises if e.id == "03-masked-attention")
+    assert ex.status == "failed" and ex.points == 0 and "hidden test 1" in ex.message, ex
+    assert result.score == 6  # every other exercise still passes
+    # without the hidden tests the same answer passes the registry's cases: the hidden test is what catches it
+    result = grade.grade_notebook(path, cell_timeout=30, solutions=None)
+    assert statuses(result)["03-masked-attention"] == "passed" and result.score == 9
+
+
+def test_hidden_test_protocol(tmp_path):
+    """NumPy in and out, values, the student's exceptions re-raised by type, and a failing assertion."""
+    blocks = {
+        "03-sdpa-numpy": "out, w = attention_numpy(np.eye(3), np.eye(3), np.ones((3, 2)))\n"
+                         "assert isinstance(out, np.ndarray) and out.shape == (3, 2)\n",
+        "03-softmax-axis-bug": "try:\n    attention_fixed(torch.zeros(2, 3), torch.zeros(4, 5), torch.zeros(4, 5))\n"
+                               "except RuntimeError:\n    pass\nelse:\n    raise AssertionError('expected an error')\n",
+        "03-predict-shapes": "assert predicted_shapes[2] == (2, 4, 5, 32)\n",
+        "03-variance-experiment": "assert len(variances) == 4, 'the instructor wants four variances'\n",
+    }
+    sols = tmp_path / "solutions"
+    sols.mkdir()
+
+    def add_hidden(nb):
+        for cell in nb.cells:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if gid in blocks:
+                cell.source += "\n### BEGIN HIDDEN TESTS\n" + blocks[gid] + "### END HIDDEN TESTS"
+
+    submission(sols, "03_scaled_dot_product_attention.ipynb", add_hidden)
+    assert set(grade.hidden_tests("03", sols)) == set(blocks) | {"03-masked-attention"}
+    result = grade.grade_notebook(submission(tmp_path, "03_min.ipynb", minimal), cell_timeout=30, solutions=sols)
+    st = statuses(result)
+    assert st == {"03-sdpa-numpy": "passed", "03-softmax-axis-bug": "passed", "03-predict-shapes": "passed",
+                  "03-masked-attention": "passed", "03-variance-experiment": "failed"}, result.exercises
+    msg = next(e.message for e in result.exercises if e.id == "03-variance-experiment")
+    assert "four variances" in msg
+
+
+def test_loud_and_renamed_submissions(tmp_path):
+    def edit(nb):
+        minimal(nb)
+        nb.cells.insert(1, nbformat.v4.new_code_cell("for _ in range(40):\n    print('x' * 100_000)"))
+        cell = answer_cell(nb, "03-softmax-axis-bug")
+        cell.source = cell.source.replace("def attention_fixed(", "def attention_fix(")
+
+    result = grade.grade_notebook(submission(tmp_path, "03_loud.ipynb", edit), cell_timeout=30)
+    ex = next(e for e in result.exercises if e.id == "03-softmax-axis-bug")
+    assert ex.status == "missing" and "attention_fix" in ex.message and "renamed" in ex.message
+    assert result.score == 7 and "printed 4.0 MB" in result.message
+
+
+def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
+    import csv
+
+    subs = tmp_path / "submitted"
+    for student in ("alice", "bob"):
+        (subs / student).mkdir(parents=True)
+    submission(subs / "alice", "03_scaled_dot_product_attention.ipynb", minimal)
+    submission(subs / "bob", "03_scaled_dot_product_attention.ipynb",
+               lambda nb: (minimal(nb), answer_cell(nb, "03-sdpa-numpy").__setitem__("source", "attention_numpy = 3")))
+    (subs / "carol.ipynb").write_text(SOLUTION.read_text(encoding="utf-8")[:3000], encoding="utf-8")  # cut short
+    empty = nbformat.v4.new_notebook()
+    empty.metadata.attncourse = {"chapter": "03"}
+    nbformat.write(empty, subs / "dave.ipynb")
+
+    out = tmp_path / "out"
+    argv = [str(subs), "--jobs", "2", "--cell-timeout", "30", "--json", str(out / "g.json"), "--csv",
+            str(out / "g.csv"), "--csv-long", str(out / "long.csv"), "--feedback", str(out / "fb"), "--no-progress"]
+    out.mkdir()
+    assert grade.main(argv) == 0
+    data = {d["student"]: d for d in json.loads((out / "g.json").read_text(encoding="utf-8"))}
+    assert {s: d["score"] for s, d in data.items()} == {"alice": 9.0, "bob": 7.0, "carol": 0.0, "dave": 0.0}
+    assert "not a readable notebook" in data["carol"]["message"] and data["carol"]["max_score"] == 9
+    rows = {r["student"]: r for r in csv.DictReader((out / "g.csv").open(encoding="utf-8"))}
+    assert rows["alice"]["total"] == "9" and rows["bob"]["03-sdpa-numpy"] == "0" and rows["bob"]["max_total"] == "9"
+    long = list(csv.DictReader((out / "long.csv").open(encoding="utf-8")))
+    assert len(long) == 4 * 5 and {r["status"] for r in long} >= {"passed", "failed", "error", "missing"}
+    fb = (out / "fb" / "bob" / "03_scaled_dot_product_attention.md").read_text(encoding="utf-8")
+    assert "7 / 9" in fb and "03-sdpa-numpy" in fb and "should be a function" in fb and "Hint:" in fb
+    assert (out / "fb" / "carol" / "carol.md").exists()
