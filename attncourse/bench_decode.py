@@ -52,12 +52,43 @@ def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int
     return out
 
 
+@torch.no_grad()
+def prefill_vs_decode(model: GPT, context_len: int, n_new: int = 16, *, repeats: int = 3,
+                      batch_size: int = 1) -> dict[str, float]:
+    """Tokens per second of prefill (the whole prompt of `context_len` tokens in one forward) and of
+    decode (`n_new` tokens, one forward each, with the KV cache), best of `repeats`.
+
+    Prefill pushes many tokens through each weight matrix per read (matrix-matrix products: compute-bound
+    on real hardware); decode pushes one (matrix-vector products: bound by reading weights and cache).
+    """
+    for name, v in (("context_len", context_len), ("n_new", n_new), ("repeats", repeats),
+                    ("batch_size", batch_size)):
+        _validate.positive_int(name, v)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context_len), generator=gen)
+    best_prefill = best_decode = float("inf")
+    for _ in range(repeats):
+        caches = model.new_caches(batch_size, context_len + n_new)
+        start = time.perf_counter()
+        logits = model(prompt, caches)  # (B, T0, V): one forward over the whole prompt
+        best_prefill = min(best_prefill, time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(n_new):
+            logits = model(logits[:, -1:].argmax(-1), caches)  # (B, 1) -> (B, 1, V)
+        best_decode = min(best_decode, time.perf_counter() - start)
+    return {"prefill_tokens_per_s": batch_size * context_len / best_prefill,
+            "decode_tokens_per_s": batch_size * n_new / best_decode}
+
+
 def main() -> None:  # pragma: no cover - prints timings
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=2048, d_model=128, n_heads=4, n_layers=4)).eval()
     print(f"{'context':>8} {'no cache ms/token':>18} {'cache ms/token':>15} {'speed-up':>9}")
     for length, (slow, fast, ratio) in decode_speedups(model, [64, 128, 256, 512, 1024]).items():
         print(f"{length:>8} {slow * 1e3:>18.2f} {fast * 1e3:>15.2f} {ratio:>8.1f}x")
+    rates = prefill_vs_decode(model, 512)
+    print(f"prefill of 512 tokens: {rates['prefill_tokens_per_s']:.0f} tokens/s; "
+          f"decode: {rates['decode_tokens_per_s']:.0f} tokens/s")
 
 
 if __name__ == "__main__":  # pragma: no cover

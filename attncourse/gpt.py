@@ -173,3 +173,29 @@ def train_lm(model: nn.Module, sample_batch, steps: int, *, lr: float = 3e-3, pr
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+@torch.no_grad()
+def next_token_accuracy(model: nn.Module, series: torch.Tensor, start: int, context: int,
+                        batch_size: int = 256) -> float:
+    """Greedy next-token accuracy on a 1-D token `series`: for every target position t in
+    ``start .. len(series) - 1``, predict series[t] from the `context` tokens series[t - context : t].
+
+    Every prediction sees the same amount of context (the training length, say), whatever t is, so a
+    held-out tail of the series (``start`` = where it begins) is scored fairly.
+    """
+    _validate.tensor("series", series)
+    if series.dim() != 1 or series.is_floating_point():
+        raise ValueError(f"series must be a 1-D integer tensor, got shape {tuple(series.shape)}, "
+                         f"dtype {series.dtype}")
+    for name, v in (("start", start), ("context", context), ("batch_size", batch_size)):
+        _validate.positive_int(name, v)
+    if not context <= start < len(series):
+        raise ValueError(f"need context <= start < len(series), got context={context}, start={start}, "
+                         f"series {tuple(series.shape)}")
+    windows = series.unfold(0, context + 1, 1)[start - context:]  # (N, context + 1): row n ends at start + n
+    hits = 0
+    for chunk in windows.split(batch_size):
+        pred = model(chunk[:, :-1])[:, -1].argmax(-1)  # (b, context) -> (b, context, V) -> (b,)
+        hits += int((pred == chunk[:, -1]).sum())
+    return hits / len(windows)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from attncourse import masks
-from attncourse.gpt import GPT, GPTConfig, lm_loss, train_lm
+from attncourse.bench_decode import decode_speedups, prefill_vs_decode, time_per_token
+from attncourse.gpt import GPT, GPTConfig, lm_loss, next_token_accuracy, train_lm
 from attncourse.kv_cache import KVCache, SinkWindowCache
 from attncourse.toy_data import (bin_centres, discretise, random_windows, recurrence_tokens, sine_wave)
 
@@ -119,3 +120,68 @@ def test_bad_input():
         m(torch.zeros(1, 3, dtype=torch.long), caches)
         m(torch.zeros(1, 2, dtype=torch.long), caches)
     assert model(position="sinusoidal")(torch.zeros(1, 100, dtype=torch.long)).shape == (1, 100, 13)
+
+
+class _NextIsPlusOne(torch.nn.Module):
+    """A stand-in 'model' whose greedy prediction is always (last token + 1) mod V, and which records the
+    inputs it was called with."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.seen = vocab, []
+
+    def forward(self, tokens):
+        self.seen.append(tokens.clone())
+        return torch.nn.functional.one_hot((tokens + 1) % self.vocab, self.vocab).double()  # (B, T, V)
+
+
+def test_next_token_accuracy_scores_every_target_with_fixed_context():
+    series = torch.arange(30) % 7  # follows the +1 rule everywhere
+    m = _NextIsPlusOne(7)
+    assert next_token_accuracy(m, series, start=20, context=5, batch_size=4) == 1.0
+    inputs = torch.cat(m.seen)  # (10, 5): one window per target 20..29
+    assert inputs.shape == (10, 5) and torch.equal(inputs[0], series[15:20]) and torch.equal(inputs[-1], series[24:29])
+    broken = series.clone()
+    broken[[21, 25, 29]] = 0  # three targets (and the windows around them) no longer follow the rule
+    expected = sum(int((broken[t - 1] + 1) % 7 == broken[t]) for t in range(20, 30)) / 10
+    assert next_token_accuracy(_NextIsPlusOne(7), broken, 20, 5) == pytest.approx(expected)
+    assert expected < 1.0
+    assert next_token_accuracy(_NextIsPlusOne(7), series, 29, 29) == 1.0  # a single target, all context
+    with pytest.raises(ValueError, match="context <= start"):
+        next_token_accuracy(m, series, start=3, context=5)
+    with pytest.raises(ValueError, match="context <= start"):
+        next_token_accuracy(m, series, start=30, context=5)
+    with pytest.raises(ValueError, match="series"):
+        next_token_accuracy(m, series.float(), start=10, context=5)
+    with pytest.raises(ValueError, match="series"):
+        next_token_accuracy(m, series.view(5, 6), start=10, context=5)
+
+
+def test_a_trained_model_scores_high_on_a_held_out_sine_tail():
+    torch.manual_seed(0)
+    tokens = discretise(sine_wave(600, period=23.7), 20)
+    m = GPT(GPTConfig(vocab_size=20, block_size=24, d_model=32, n_heads=4, n_layers=1, position="alibi"))
+    gen = torch.Generator().manual_seed(0)
+    chance = next_token_accuracy(m, tokens, 540, 23)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only add overhead (and fight on a busy machine)
+    try:
+        train_lm(m, lambda step: random_windows(tokens[:540], 16, 24, generator=gen), 120, lr=1e-2)
+    finally:
+        torch.set_num_threads(threads)
+    acc = next_token_accuracy(m, tokens, 540, 23)
+    assert acc > 0.8 and acc > chance + 0.5
+
+
+def test_decode_benchmark_functions_run_and_validate():
+    m = GPT(GPTConfig(vocab_size=11, block_size=64, d_model=16, n_heads=2, n_layers=1)).eval()
+    rates = prefill_vs_decode(m, 20, 3, repeats=1, batch_size=2)
+    assert set(rates) == {"prefill_tokens_per_s", "decode_tokens_per_s"}
+    assert all(0 < v < float("inf") for v in rates.values())
+    table = decode_speedups(m, [4, 9], n_new=2, repeats=1)
+    assert sorted(table) == [4, 9] and all(len(row) == 3 and row[2] > 0 for row in table.values())
+    assert time_per_token(m, 5, 2, use_cache=True, repeats=1) > 0
+    with pytest.raises(ValueError, match="context_len"):
+        prefill_vs_decode(m, 0)
+    with pytest.raises(TypeError, match="n_new"):
+        time_per_token(m, 5, 2.5, use_cache=False)
