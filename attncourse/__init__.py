@@ -5,6 +5,7 @@ Lessons import from here; nothing here is generated from notebooks. See README.m
 
 from . import masks
 from .checks import check
+from .flash import (HBMTraffic, causal_block_counts, causal_tile_map, flash_attention, flash_attention_forward, hbm_traffic_flash, hbm_traffic_standard, theorem2_bound)  # noqa: E501
 from .gpt import GPT, GPTConfig
 from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, mha_to_gqa
 from .kv_cache import KVCache, SinkWindowCache
@@ -19,6 +20,14 @@ from .utils import device, env_report, print_env_report, set_seed
 __version__ = "0.1.0"
 
 __all__ = [
+    "HBMTraffic",
+    "causal_block_counts",
+    "causal_tile_map",
+    "flash_attention",
+    "flash_attention_forward",
+    "hbm_traffic_flash",
+    "hbm_traffic_standard",
+    "theorem2_bound",
     "AdditiveAttention",
     "LuongAttention",
     "alibi_bias",
