@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +208,21 @@ def test_gpu_float16_gradients(is_causal):
     F.scaled_dot_product_attention(*ref, is_causal=is_causal).backward(grad.float())
     for name, a, b in zip("qkv", ours, ref):
         torch.testing.assert_close(a.grad.float(), b.grad, rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_module_imports_without_triton():
+    # A fresh interpreter where `import triton` fails: the module must import and explain what to install.
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "import attncourse.triton_flash as tf\n"
+        "assert not tf.TRITON_AVAILABLE and tf.TRITON_VERSION is None and not tf.interpreted()\n"
+        "try:\n"
+        "    tf.triton_flash_attention(torch.randn(4, 16), torch.randn(4, 16), torch.randn(4, 16))\n"
+        "except ImportError as err:\n"
+        "    print(err)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'attncourse[triton]'" in done.stdout
