@@ -285,6 +285,8 @@ def triton_flash_attention_forward(
     log-sum-exp of each scaled, masked score row. ``is_causal`` is top-left aligned, as in PyTorch. Any
     Tq, Tk >= 1 (not only block multiples). Block sizes are powers of two >= 16; None picks a default for the
     device (64 on a GPU, 32 in the interpreter). No autograd: see :func:`triton_flash_attention`.
+    On a GPU, float32 inputs go through ``tl.dot``'s default TF32 precision (errors near 1e-3); the
+    interpreter multiplies in full float32.
     """
     q, k, v, lead, scale, block_q, block_k = _prepare(query, key, value, scale, block_q, block_k)
     bh, t_q, d = q.shape
