@@ -83,35 +83,37 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, block_q: int, block_k: i
     """
     n, t_q, _ = q.shape
     t_k, d_v = k.shape[1], v.shape[-1]
+    if t_k == 0:  # no keys: every row is fully masked, so zeros and lse = -inf (never NaN)
+        return q.new_zeros(n, t_q, d_v), q.new_full((n, t_q), _NEG_INF)
     out = q.new_empty(n, t_q, d_v)  # (N, Tq, Dv)
     lse = q.new_empty(n, t_q)  # (N, Tq)
     k_t = k.transpose(1, 2).contiguous()  # (N, D, Tk): one O(T) copy, so every tile reads rows of K^T
     for q0 in range(0, t_q, block_q):
         q1 = min(q0 + block_q, t_q)
         q_blk = q[:, q0:q1] * (scale * _LOG2E)  # (N, Bq, D): scale once per query block, not per tile
-        row_max = q.new_full((n, q1 - q0, 1), _NEG_INF)  # (N, Bq, 1) running max m (base 2)
-        row_sum = q.new_zeros(n, q1 - q0, 1)  # (N, Bq, 1) running sum l
-        acc = q.new_zeros(n, q1 - q0, d_v)  # (N, Bq, Dv) unnormalised output
         # query i sees keys j <= i (top-left aligned): the block's last row sees keys < q1, so key
-        # blocks at or beyond q1 are skipped entirely
+        # blocks from q1 on are skipped entirely
         k_stop = min(t_k, q1) if causal else t_k
         for k0 in range(0, k_stop, block_k):
             k1 = min(k0 + block_k, k_stop)
             s = torch.bmm(q_blk, k_t[:, :, k0:k1])  # (N, Bq, D) @ (N, D, Bk) -> (N, Bq, Bk)
             if causal and k1 - 1 > q0:  # a tile that crosses the diagonal: mask its upper part
                 s.masked_fill_(_above_diagonal(q0, q1, k0, k1, s.device), _NEG_INF)
+            if k0 == 0:
+                # first tile: every row sees key 0, so its max is finite and there is nothing to rescale
+                row_max = s.amax(dim=-1, keepdim=True)  # (N, Bq, 1) running max m (base 2)
+                p = s.sub_(row_max).exp2_()  # (N, Bq, Bk), in place: the tile is the only big buffer
+                row_sum = p.sum(dim=-1, keepdim=True)  # (N, Bq, 1) running sum l
+                acc = torch.bmm(p, v[:, k0:k1])  # (N, Bq, Bk) @ (N, Bk, Dv) -> (N, Bq, Dv), unnormalised
+                continue
             new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))  # (N, Bq, 1)
-            # a row with nothing visible yet keeps max -inf: shift it by 0 so exp gives 0, not NaN
-            shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # (N, Bq, 1)
-            p = s.sub_(shift).exp2_()  # (N, Bq, Bk), in place: the tile is the only big buffer
-            rescale = torch.exp2(row_max - shift)  # (N, Bq, 1): e^{m - m'} (0 on the first tile)
+            p = s.sub_(new_max).exp2_()  # (N, Bq, Bk)
+            rescale = torch.exp2(row_max - new_max)  # (N, Bq, 1): 2^(m - m') = e^{(m - m') ln 2}
             row_sum.mul_(rescale).add_(p.sum(dim=-1, keepdim=True))
             acc.mul_(rescale).baddbmm_(p, v[:, k0:k1])  # (N, Bq, Bk) @ (N, Bk, Dv) -> (N, Bq, Dv)
             row_max = new_max
-        empty = row_sum == 0  # a row that saw no key (only when Tk = 0): zeros and lse = -inf
-        out[:, q0:q1] = acc / row_sum.masked_fill(empty, 1.0)  # (N, Bq, Dv)
-        lse2 = row_max + torch.log2(row_sum)  # (N, Bq, 1), base 2
-        lse[:, q0:q1] = (lse2 / _LOG2E).masked_fill(empty, _NEG_INF).squeeze(-1)  # (N, Bq)
+        out[:, q0:q1] = acc / row_sum  # (N, Bq, Dv)
+        lse[:, q0:q1] = ((row_max + torch.log2(row_sum)) / _LOG2E).squeeze(-1)  # (N, Bq), natural log
     return out, lse
 
 
