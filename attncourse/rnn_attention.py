@@ -19,6 +19,9 @@ concat    :math:`v^\top \tanh(W [s; h])`              :math:`A (D_q + D_k + 1)`
 (:math:`A` is the attention's hidden size.) Both modules share the signature
 ``forward(query (B, Dq), keys (B, T, Dk), values=None, mask=None) -> (context (B, Dv), weights (B, T))``;
 ``mask`` is True at valid (non-padding) positions, and a row with no valid position gets zero weights.
+A query of shape (B, Tq, Dq) asks Tq questions of the same keys at once (all decoder steps of a
+teacher-forced sequence) and gives ``(context (B, Tq, Dv), weights (B, Tq, T))``, as one call per
+query would, without copying the keys Tq times.
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ def _check_inputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor 
     _validate.tensor("query", query, min_rank=2, floating=True)
     _validate.tensor("keys", keys, min_rank=3, floating=True)
     seen = f"query {tuple(query.shape)}, keys {tuple(keys.shape)}"
-    if query.dim() != 2 or keys.dim() != 3:
-        raise ValueError(f"query must be (B, Dq) and keys (B, T, Dk), got {seen}")
-    if query.shape[1] != query_size:
+    if query.dim() not in (2, 3) or keys.dim() != 3:
+        raise ValueError(f"query must be (B, Dq) or (B, Tq, Dq) and keys (B, T, Dk), got {seen}")
+    if query.shape[-1] != query_size:
         raise ValueError(f"query must have size {query_size} in its last dim, got {seen}")
     if keys.shape[2] != key_size:
         raise ValueError(f"keys must have size {key_size} in their last dim, got {seen}")
@@ -60,18 +63,32 @@ def _check_inputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor 
     return values
 
 
+def _rows(query: torch.Tensor) -> torch.Tensor:
+    """A query as rows of questions: (B, Dq) -> (B, 1, Dq); (B, Tq, Dq) unchanged."""
+    return query.unsqueeze(1) if query.dim() == 2 else query
+
+
+def _unrows(x: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Undo :func:`_rows` on a result (B, Tq, ...) for a query that came in as (B, Dq)."""
+    return x.squeeze(1) if query.dim() == 2 else x
+
+
 def attend(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax `scores` (B, T) over the T source positions and mix `values` (B, T, Dv).
 
     Returns ``(context (B, Dv), weights (B, T))``. Masked positions get weight 0; a row with no
-    valid position gets all-zero weights and a zero context (not NaN).
+    valid position gets all-zero weights and a zero context (not NaN). Scores (B, Tq, T), one row
+    per query, give ``(context (B, Tq, Dv), weights (B, Tq, T))`` with the same (B, T) mask.
     """
+    rows = scores.dim() == 3
+    if not rows:
+        scores = scores.unsqueeze(1)  # (B, T) -> (B, 1, T)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))  # (B, T)
-    weights = safe_softmax(scores, dim=-1)  # (B, T): over the source positions, never a size-1 axis
-    context = (weights.unsqueeze(1) @ values).squeeze(1)  # (B, 1, T) @ (B, T, Dv) -> (B, Dv)
-    return context, weights
+        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, Tq, T), mask (B, 1, T)
+    weights = safe_softmax(scores, dim=-1)  # (B, Tq, T): over the source positions, never a size-1 axis
+    context = weights @ values  # (B, Tq, T) @ (B, T, Dv) -> (B, Tq, Dv)
+    return (context, weights) if rows else (context.squeeze(1), weights.squeeze(1))
 
 
 class AdditiveAttention(nn.Module):
@@ -98,15 +115,17 @@ class AdditiveAttention(nn.Module):
 
     def score(self, query: torch.Tensor, keys: torch.Tensor,
               projected_keys: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk)."""
-        q = self.query_proj(query).unsqueeze(1)  # (B, Dq) -> (B, 1, A)
+        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk); (B, Tq, T) for (B, Tq, Dq)."""
+        q = self.query_proj(_rows(query)).unsqueeze(2)  # (B, Tq, Dq) -> (B, Tq, A) -> (B, Tq, 1, A)
         k = self.project_keys(keys) if projected_keys is None else projected_keys  # (B, T, A)
-        return self.v(torch.tanh(q + k)).squeeze(-1)  # (B, T, A) -> (B, T, 1) -> (B, T)
+        hidden = torch.tanh(q + k.unsqueeze(1))  # (B, Tq, 1, A) + (B, 1, T, A) -> (B, Tq, T, A)
+        return _unrows(self.v(hidden).squeeze(-1), query)  # (B, Tq, T, 1) -> (B, Tq, T)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, projected_keys: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(context (B, Dv), weights (B, T))``; see the module docstring.
+        """Returns ``(context (B, Dv), weights (B, T))``; see the module docstring (also for a
+        query (B, Tq, Dq), which gives (B, Tq, Dv) and (B, Tq, T)).
 
         `projected_keys`, from :meth:`project_keys` on the same keys, saves recomputing them at every
         decoder step (a decoder attends over the same annotations T times).
@@ -157,18 +176,19 @@ class LuongAttention(nn.Module):
 
     def score(self, query: torch.Tensor, keys: torch.Tensor,
               projected_keys: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk)."""
+        """Scores (B, T) of `query` (B, Dq) against `keys` (B, T, Dk); (B, Tq, T) for (B, Tq, Dq)."""
+        q = _rows(query)  # (B, Tq, Dq), Tq = 1 for a single query
         if self.score_name == "dot":
-            return (keys @ query.unsqueeze(-1)).squeeze(-1)  # (B, T, D) @ (B, D, 1) -> (B, T)
+            return _unrows(q @ keys.transpose(1, 2), query)  # (B, Tq, D) @ (B, D, T) -> (B, Tq, T)
         if self.score_name == "general":
-            # s^T W h = (W^T s)^T h: project the one query instead of the T keys.
-            q = query @ self.W.weight  # (B, Dq) @ (Dq, Dk) -> (B, Dk)
-            return (keys @ q.unsqueeze(-1)).squeeze(-1)  # (B, T, Dk) @ (B, Dk, 1) -> (B, T)
-        # concat: W [s; h] = W_s s + W_h h, with W = [W_s | W_h] split by columns (no (B, T, Dq+Dk) copy).
+            # s^T W h = (W^T s)^T h: project the Tq queries instead of the T keys.
+            q = q @ self.W.weight  # (B, Tq, Dq) @ (Dq, Dk) -> (B, Tq, Dk)
+            return _unrows(q @ keys.transpose(1, 2), query)  # (B, Tq, Dk) @ (B, Dk, T) -> (B, Tq, T)
+        # concat: W [s; h] = W_s s + W_h h, with W = [W_s | W_h] split by columns (no (B, Tq, T, Dq+Dk) copy).
         w_s = self.W.weight[:, : self.query_size]  # (A, Dq)
         k = self.project_keys(keys) if projected_keys is None else projected_keys  # (B, T, A)
-        hidden = (query @ w_s.T).unsqueeze(1) + k  # (B, 1, A) + (B, T, A) -> (B, T, A)
-        return self.v(torch.tanh(hidden)).squeeze(-1)  # (B, T, 1) -> (B, T)
+        hidden = torch.tanh((q @ w_s.T).unsqueeze(2) + k.unsqueeze(1))  # (B, Tq, 1, A) + (B, 1, T, A) -> (B, Tq, T, A)
+        return _unrows(self.v(hidden).squeeze(-1), query)  # (B, Tq, T, 1) -> (B, Tq, T)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, projected_keys: torch.Tensor | None = None

@@ -115,6 +115,31 @@ def test_values_default_to_keys_and_projected_keys_change_nothing(kind):
 
 
 @pytest.mark.parametrize("kind", MODULES)
+def test_many_queries_at_once_equal_one_call_per_query(kind):
+    """A (B, Tq, Dq) query gives what Tq separate (B, Dq) calls give, masks and gradients included."""
+    b, tq, t, d, dv = 3, 5, 7, 6, 4
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(b, tq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    _, k, v, mask = make(b, t, d, d, dv, seed=4)
+    mask[2] = False  # one sequence with nothing to attend to
+    m = module(kind, d, d)
+    context, weights = m(q, k, v, mask=mask)
+    assert context.shape == (b, tq, dv) and weights.shape == (b, tq, t)
+    assert m.score(q, k).shape == (b, tq, t)
+    singles = [m(q[:, i], k, v, mask=mask) for i in range(tq)]
+    torch.testing.assert_close(context, torch.stack([c for c, _ in singles], dim=1), **TOL)
+    torch.testing.assert_close(weights, torch.stack([w for _, w in singles], dim=1), **TOL)
+    assert torch.all(weights[2] == 0) and torch.all(context[2] == 0)
+    # against PyTorch's kernel: the (B, Tq, T) scores as a float mask over zero queries and keys
+    bias = m.score(q, k).masked_fill(~mask[:, None], float("-inf"))  # (B, Tq, T)
+    ref = F.scaled_dot_product_attention(q.new_zeros(b, tq, 1), k.new_zeros(b, t, 1), v, attn_mask=bias)
+    torch.testing.assert_close(context[:2], ref[:2], **TOL)  # PyTorch gives NaN on the fully masked row
+    grad = torch.autograd.grad(context.square().sum(), q)[0]
+    grad_singles = torch.autograd.grad(sum(c.square().sum() for c, _ in singles), q)[0]
+    torch.testing.assert_close(grad, grad_singles, **TOL)
+
+
+@pytest.mark.parametrize("kind", MODULES)
 def test_mask_weights_sum_to_one_and_padding_is_ignored(kind):
     q, k, v, mask = make(5, 8, 4, 4, 3, seed=1)
     m = module(kind, 4, 4)
@@ -197,8 +222,8 @@ def test_dot_rejects_different_sizes():
 def test_bad_input(kind):
     m = module(kind, 4, 4).float()
     q, k = torch.randn(2, 4), torch.randn(2, 5, 4)
-    with pytest.raises(ValueError, match=r"query.*\(2, 1, 4\)"):
-        m(q[:, None], k)
+    with pytest.raises(ValueError, match=r"query must be \(B, Dq\) or \(B, Tq, Dq\).*\(2, 1, 1, 4\)"):
+        m(q[:, None, None], k)
     with pytest.raises(ValueError, match=r"keys.*at least 3 dims.*\(5, 4\)"):
         m(q, k[0])
     with pytest.raises(ValueError, match=r"query must have size 4.*\(2, 3\)"):

@@ -83,6 +83,38 @@ def test_greedy_decoding_equals_teacher_forcing_on_its_own_output(kind):
         torch.testing.assert_close(greedy_w, forced_w, rtol=1e-10, atol=1e-12)
 
 
+def test_encoder_without_padding_skips_packing_and_agrees():
+    """All rows full length: the unpacked fast path gives what the packed path gives."""
+    model = build_model("additive", Seq2SeqConfig(**SMALL)).double()
+    full = reverse_batch(4, 5, 5, generator=torch.Generator().manual_seed(6))
+    fast, fast_state = model.encode(full.src, full.lengths)
+    # the same rows with one padded row added force the packed path
+    padded_src = torch.cat([full.src, torch.tensor([[3, 4, PAD, PAD, PAD]])])
+    packed, packed_state = model.encode(padded_src, torch.cat([full.lengths, torch.tensor([2])]))
+    torch.testing.assert_close(packed[:4], fast, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(packed_state[:4], fast_state, rtol=1e-10, atol=1e-12)
+    assert torch.all(packed[4, 2:] == 0)  # padding gets zero annotations
+
+
+@pytest.mark.parametrize("bucket", [True, False])
+def test_training_batches_with_and_without_buckets(bucket, monkeypatch):
+    import attncourse.seq2seq as s2s
+
+    seen = []
+    real = s2s.loss_on
+    monkeypatch.setattr(s2s, "loss_on", lambda model, batch: seen.append(batch) or real(model, batch))
+    config = Seq2SeqConfig(**SMALL, steps=12, bucket=bucket)
+    train(build_model("none", config), progress=False)
+    assert len(seen) == 12
+    for batch in seen:
+        assert batch.lengths.min() >= config.min_len and batch.lengths.max() <= config.max_len
+    if bucket:  # every batch one length, no padding; and not always the same length
+        assert all(int(b.lengths.min()) == int(b.lengths.max()) == b.src.shape[1] for b in seen)
+        assert len({b.src.shape[1] for b in seen}) > 1
+    else:
+        assert any(int(b.lengths.min()) < int(b.lengths.max()) for b in seen)
+
+
 def test_first_decoder_input_is_sos():
     model = build_model("none", Seq2SeqConfig(**SMALL))
     batch = reverse_batch(3, 2, 5, generator=torch.Generator().manual_seed(4))
