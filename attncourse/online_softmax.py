@@ -241,7 +241,8 @@ def online_attention_update(state: AttentionState, scores: torch.Tensor, value: 
     """
     if not (isinstance(state, tuple) and len(state) == 3):
         raise TypeError(f"state must be an AttentionState (m, l, acc), got {type(state).__name__}")
-    m, l, acc = (_validate.tensor(f"state.{n}", t, min_rank=0, floating=True) for n, t in zip("m l acc".split(), state))  # noqa: E741
+    m, l, acc = (_validate.tensor(f"state.{name}", t, min_rank=0, floating=True)  # noqa: E741
+                 for name, t in zip(("m", "l", "acc"), state))
     _validate.tensor("scores", scores, min_rank=2, floating=True)
     _validate.tensor("value", value, min_rank=2, floating=True)
     if scores.shape[-1] != value.shape[-2] or scores.shape[:-1] != m.shape or acc.shape[:-1] != m.shape:
@@ -263,7 +264,8 @@ def merge_attention_states(a: AttentionState, b: AttentionState) -> AttentionSta
             raise TypeError(f"{name} must be an AttentionState (m, l, acc), got {type(s).__name__}")
     (m, l), acc_a, acc_b = merge_softmax_states(a[:2], b[:2]), a.acc, b.acc  # noqa: E741
     if acc_a.shape != acc_b.shape or acc_a.shape[:-1] != m.shape:
-        raise ValueError(f"a.acc {tuple(acc_a.shape)} and b.acc {tuple(acc_b.shape)} must match m {tuple(m.shape)} + (Dv,)")
+        raise ValueError(f"a.acc {tuple(acc_a.shape)} and b.acc {tuple(acc_b.shape)} must match "
+                         f"m {tuple(m.shape)} + (Dv,)")
     ref = _safe(m)[..., None]
     return AttentionState(m, l, acc_a * torch.exp(a.m[..., None] - ref) + acc_b * torch.exp(b.m[..., None] - ref))
 
@@ -313,7 +315,8 @@ def online_attention(
     state = AttentionState(m, torch.zeros_like(m), torch.zeros(*lead, q_len, dv, dtype=dtype, device=query.device))
     for start in range(0, k_len, size):
         stop = min(start + size, k_len)
-        s = (q @ key[..., start:stop, :].to(dtype).transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, C) -> (..., Tq, C)
+        k_chunk = key[..., start:stop, :].to(dtype)  # (..., C, D)
+        s = (q @ k_chunk.transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, C) -> (..., Tq, C)
         if attn_mask is not None:
             part = attn_mask if attn_mask.shape[-1] == 1 else attn_mask[..., start:stop]  # (..., Tq or 1, C or 1)
             s = s.masked_fill(~part, _NEG_INF) if part.dtype == torch.bool else s + part.to(dtype)

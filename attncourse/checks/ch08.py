@@ -55,7 +55,8 @@ def _one_pass():
         cases.append(Case(name, (x, chunk_size), expected=one_pass_softmax(x, chunk_size=chunk_size), **tol))
 
     add("(3, 10) in chunks of 4 (4 does not divide 10)", _randn(gen, 3, 10, scale=2), 4)
-    add("an increasing row in chunks of 1: the max grows at every step", torch.linspace(-3, 6, 10, dtype=torch.float64), 1)
+    add("an increasing row in chunks of 1: the max grows at every step",
+        torch.linspace(-3, 6, 10, dtype=torch.float64), 1)
     add("a decreasing row in chunks of 3", torch.linspace(6, -3, 10, dtype=torch.float64), 3)
     add("large entries (around 300) in float32: naive exp overflows",
         _randn(gen, 2, 9, scale=50, dtype=torch.float32) + 300, 3, rtol=1e-5, atol=1e-6)
@@ -90,7 +91,8 @@ def _rescale_bug():
     add("the new chunk raises the max (scores around 4 > m = 0)", m, l, acc, _randn(gen, tq, c) + 4, _randn(gen, c, dv))
     add("the new chunk stays below the max (alpha = 1)", m + 10, l, acc, _randn(gen, tq, c), _randn(gen, c, dv))
     m, l, acc = _randn(gen, 2, tq), torch.rand(2, tq, generator=gen, dtype=torch.float64) + 1, _randn(gen, 2, tq, dv)
-    add("batched (2, 3) rows, scores mixed around the max", m, l, acc, _randn(gen, 2, tq, c, scale=2), _randn(gen, 2, c, dv))
+    add("batched (2, 3) rows, scores mixed around the max", m, l, acc,
+        _randn(gen, 2, tq, c, scale=2), _randn(gen, 2, c, dv))
     m = torch.tensor([NEG_INF, 0.5, NEG_INF], dtype=torch.float64)
     l, acc = torch.tensor([0.0, 1.5, 0.0], dtype=torch.float64), torch.zeros(tq, dv, dtype=torch.float64)
     acc[1] = 1.0
