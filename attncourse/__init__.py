@@ -7,6 +7,7 @@ from . import masks
 from .checks import check
 from .flash import (HBMTraffic, causal_block_counts, causal_tile_map, flash_attention, flash_attention_forward, hbm_traffic_flash, hbm_traffic_standard, theorem2_bound)  # noqa: E501
 from .gpt import GPT, GPTConfig
+from .heads import AttnOnlyConfig, AttnOnlyTransformer, attention_maps, induction_scores, previous_token_scores, repeated_segment_tokens, repeated_tokens, sink_scores  # noqa: E501
 from .gqa import MODEL_CONFIGS, ModelConfig, grouped_attention, kv_cache_bytes, mha_to_gqa
 from .kv_cache import KVCache, SinkWindowCache
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
@@ -16,6 +17,8 @@ from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .transformer import FeedForward, TransformerBlock
 from .utils import device, env_report, print_env_report, set_seed
+from .variants import DifferentialAttention, SigmoidAttention, diff_lambda_init, differential_attention, sigmoid_attention  # noqa: E501
+from .vit import TinyViT, patchify, shape_images, unpatchify
 
 __version__ = "0.1.0"
 
@@ -58,4 +61,7 @@ __all__ = [
     *("AttentionState", "SoftmaxState", "finalize_attention_state", "logsumexp_from_state", "merge_attention_states", "merge_softmax_states", "naive_softmax", "one_pass_softmax", "online_attention", "online_attention_update", "online_softmax_state", "online_softmax_trace", "softmax_state", "three_pass_softmax", "two_pass_softmax"),  # noqa: E501
     "set_seed",
     "TransformerBlock",
+    *("AttnOnlyConfig", "AttnOnlyTransformer", "attention_maps", "induction_scores", "previous_token_scores", "repeated_segment_tokens", "repeated_tokens", "sink_scores"),  # noqa: E501
+    *("DifferentialAttention", "SigmoidAttention", "diff_lambda_init", "differential_attention", "sigmoid_attention"),  # noqa: E501
+    *("TinyViT", "patchify", "shape_images", "unpatchify"),
 ]
