@@ -37,15 +37,17 @@ __all__ = ["FlashAttentionFunction", "flash_attention", "flash_attention_forward
 _NEG_INF = float("-inf")
 
 
-def default_block_sizes(device: torch.device | str = "cpu") -> tuple[int, int]:
+def default_block_sizes(device: torch.device | str = "cpu", *, backward: bool = False) -> tuple[int, int]:
     """The (block_q, block_k) that `flash_attention` uses when none are given.
 
-    On a CPU, big tiles pay: each tile is a couple of large matrix products plus a few elementwise
-    passes, and Python's per-tile overhead vanishes behind them. (Measured on a 2-core CPU with
-    ``python -m attncourse.bench flash``; a GPU would want tiles sized to its shared memory instead,
-    which is what chapter 10's Triton kernel does.)
+    On a CPU, big tiles pay: each tile is a few large matrix products plus a few elementwise passes,
+    and Python's per-tile overhead vanishes behind them; the backward does five products per tile
+    and prefers taller tiles. (Tuned on 2 CPU cores with ``python -m attncourse.bench flash``.) A GPU
+    would want tiles sized to its shared memory instead, which is what chapter 10's Triton kernel does.
     """
-    return (256, 512) if torch.device(device).type == "cpu" else (128, 128)
+    if torch.device(device).type == "cpu":
+        return (256, 512) if backward else (128, 512)
+    return (128, 128)
 
 
 def _check_args(query, key, value, is_causal, scale, block_q, block_k):
@@ -57,9 +59,10 @@ def _check_args(query, key, value, is_causal, scale, block_q, block_k):
             raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
         if not math.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
-    default_q, default_k = default_block_sizes(query.device)
-    block_q = default_q if block_q is None else _validate.positive_int("block_q", block_q)
-    block_k = default_k if block_k is None else _validate.positive_int("block_k", block_k)
+    if block_q is not None:
+        _validate.positive_int("block_q", block_q)
+    if block_k is not None:
+        _validate.positive_int("block_k", block_k)
     if not (query.device == key.device == value.device):
         raise ValueError(f"query, key and value must be on one device, got {query.device}, "
                          f"{key.device}, {value.device}")
@@ -167,7 +170,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Autograd node of `flash_attention`: saves q, k, v, out and lse (all O(T)), never the weights.
 
     ``apply(query, key, value, is_causal, scale, block_q, block_k)`` takes validated arguments (a float
-    scale, int block sizes) and returns ``(out, lse)``.
+    scale; int block sizes, or None for each pass's default) and returns ``(out, lse)``.
     """
 
     @staticmethod
@@ -177,7 +180,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         n = math.prod(lead)
         q, k, v = (x.expand(*lead, *x.shape[-2:]).reshape(n, *x.shape[-2:]).to(work)
                    for x in (query, key, value))  # (N, T, D): batch and heads flattened into one axis
-        out, lse = _tiled_forward(q, k, v, is_causal, scale, block_q, block_k)
+        default_q, default_k = default_block_sizes(q.device)
+        out, lse = _tiled_forward(q, k, v, is_causal, scale, block_q or default_q, block_k or default_k)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (is_causal, scale, block_q, block_k, lead,
                       [(x.shape, x.dtype) for x in (query, key, value)])
@@ -195,7 +199,9 @@ class FlashAttentionFunction(torch.autograd.Function):
         d_out = d_out.reshape(out.shape).to(out.dtype)  # (..., Tq, Dv) -> (N, Tq, Dv)
         if d_lse is not None:
             d_lse = d_lse.reshape(lse.shape).to(lse.dtype)  # (..., Tq) -> (N, Tq)
-        grads = _tiled_backward(q, k, v, out, lse, d_out, d_lse, is_causal, scale, block_q, block_k)
+        default_q, default_k = default_block_sizes(q.device, backward=True)
+        grads = _tiled_backward(q, k, v, out, lse, d_out, d_lse, is_causal, scale, block_q or default_q,
+                                block_k or default_k)
         # back to each input's own shape (summing over broadcast leading dims) and dtype
         grads = [g.reshape(*lead, *g.shape[-2:]).sum_to_size(shape).to(dtype)
                  for g, (shape, dtype) in zip(grads, inputs)]
@@ -218,7 +224,8 @@ def flash_attention_forward(
         query: (..., Tq, D); key: (..., Tk, D); value: (..., Tk, Dv); leading dims broadcast.
         is_causal: top-left aligned causal mask (query i sees keys 0..i), as PyTorch's ``is_causal``.
         scale: defaults to 1/sqrt(D).
-        block_q, block_k: tile sizes (positive ints); None picks :func:`default_block_sizes`.
+        block_q, block_k: tile sizes (positive ints) of both passes; None picks
+            :func:`default_block_sizes` (forward and backward each get their own).
 
     Returns:
         out (..., Tq, Dv) equal to :func:`attncourse.scaled_dot_product_attention`, and lse (..., Tq),

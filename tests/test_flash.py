@@ -178,6 +178,7 @@ def test_half_precision_inputs(dtype):
 def test_default_blocks_are_large_on_cpu():
     bq, bk = default_block_sizes("cpu")
     assert bq >= 128 and bk >= 128
+    assert min(default_block_sizes("cpu", backward=True)) >= 128
 
 
 @pytest.mark.parametrize("kwargs,error,words", [
