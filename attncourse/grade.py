@@ -37,7 +37,7 @@ Hidden tests
 
 Output
     Console: one line per notebook and one per exercise. ``--json``: a list with one object per
-    notebook (``notebook``, ``student``, ``score``, ``max_score``, ``message``, ``exercises``: ``id``,
+    notebook (``notebook``, ``student``, ``score``, ``max_score``, ``message``, ``seconds``, ``exercises``: ``id``,
     ``points``, ``max_points``, ``status`` in passed/failed/error/timeout/missing, ``message``).
     ``--csv``: a gradebook, one row per student, columns ``student``, one per exercise id (points),
     ``total``, ``max_total``: import it into an LMS, mapping ``student`` to the user name or ID.
@@ -367,11 +367,12 @@ class _Session:
             return ExerciseResult(ex.id, ex.points if status == "passed" else 0.0, ex.points, status, message)
 
         cases = ex.make_cases()
-        try:
+        try:  # a dead or stuck kernel propagates: grade_notebook marks the rest of the notebook
             reply = self.call(ex, [(tuple(c.args), dict(c.kwargs)) for c in cases], "cases")
-            status, message = _judge(ex, cases, reply)
         except _StudentCall as err:
             return result(err.status, err.message)
+        try:
+            status, message = _judge(ex, cases, reply)
         except Exception as err:
             return result("error", f"the answer's result could not be judged ({type(err).__name__}: {str(err)[:200]})")
         if status != "passed" or not hidden:
@@ -384,6 +385,7 @@ class _Session:
 
     def run_hidden(self, ex: checks.Exercise, source: str, number: int) -> tuple[str, str]:
         import numpy as np
+        from nbclient.exceptions import DeadKernelError
 
         if ex.kind == "value":
             reply = None
@@ -400,6 +402,8 @@ class _Session:
             exec(compile(source, f"<hidden test {number} of {ex.id}>", "exec"), namespace)
         except _StudentCall as err:
             return err.status, f"hidden test {number}: {err.message}"
+        except (DeadKernelError, KernelStuck):
+            raise
         except Exception as err:
             text = f"{type(err).__name__}: {str(err)[:400]}"
             if getattr(err, "attncourse_student", False):
@@ -642,7 +646,8 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
 
 def to_json(results: list[NotebookResult]) -> list[dict]:
     return [{"notebook": r.notebook, "student": r.student, "score": r.score, "max_score": r.max_score,
-             "message": r.message, "exercises": [asdict(e) for e in r.exercises]} for r in results]
+             "message": r.message, "seconds": round(r.seconds, 1), "exercises": [asdict(e) for e in r.exercises]}
+            for r in results]
 
 
 def write_csv_long(results: list[NotebookResult], path: Path) -> None:
