@@ -592,8 +592,13 @@ def collect(paths: list[Path]) -> list[tuple[Path, str]]:
 
 def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: float = 60, timeout: float = 600,
               solutions: Path | None = SOLUTIONS, chapter: str | None = None, progress: bool = True,
-              on_result=None) -> list[NotebookResult]:
-    """Grade every (notebook, student), `jobs` at a time in separate processes; results in input order."""
+              on_result=None, isolate: bool = True) -> list[NotebookResult]:
+    """Grade every (notebook, student), `jobs` at a time, in worker processes; results in input order.
+
+    Each kernel is a child of the worker grading it, so a notebook that kills its parent process kills
+    a worker, never this process; the notebooks that worker had in hand are graded again one at a time
+    in fresh workers, and the one that kills its worker again is reported as such. `isolate=False`
+    grades in this process instead (one at a time)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
     import multiprocessing
@@ -610,14 +615,14 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
         if on_result:
             on_result(res, bar)
 
-    if jobs <= 1:
+    if not isolate:
         for i, (path, student) in enumerate(items):
             done(i, grade_safely(path, cell_timeout, timeout, student=student, **kwargs))
     else:
         # "spawn": workers must not inherit this process's torch thread pools (fork + OpenMP can hang)
         ctx = multiprocessing.get_context("spawn")
         crashed = []
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
             futures = {pool.submit(grade_safely, path, cell_timeout, timeout, student=student, **kwargs): i
                        for i, (path, student) in enumerate(items)}
             for future in as_completed(futures):
@@ -635,7 +640,8 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
                 with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
                     res = pool.submit(grade_safely, path, cell_timeout, timeout, student=student, **kwargs).result()
             except Exception as err:
-                res = _grader_failure(path, student, f"the grading process died on this notebook ({err!r:.300})", chapter)
+                res = _grader_failure(path, student, "the grading process died while running this notebook (did it "
+                                      f"kill its parent process or exhaust memory?) ({type(err).__name__})", chapter)
             done(i, res)
     bar.close()
     return results  # type: ignore[return-value]

@@ -247,6 +247,8 @@ def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
     empty = nbformat.v4.new_notebook()
     empty.metadata.attncourse = {"chapter": "03"}
     nbformat.write(empty, subs / "dave.ipynb")
+    submission(subs, "eve.ipynb", lambda nb: (minimal(nb), nb.cells.insert(
+        1, nbformat.v4.new_code_cell("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)  # the grader's worker"))))
 
     out = tmp_path / "out"
     argv = [str(subs), "--jobs", "2", "--cell-timeout", "30", "--json", str(out / "g.json"), "--csv",
@@ -254,12 +256,13 @@ def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
     out.mkdir()
     assert grade.main(argv) == 0
     data = {d["student"]: d for d in json.loads((out / "g.json").read_text(encoding="utf-8"))}
-    assert {s: d["score"] for s, d in data.items()} == {"alice": 9.0, "bob": 7.0, "carol": 0.0, "dave": 0.0}
+    assert {s: d["score"] for s, d in data.items()} == {"alice": 9.0, "bob": 7.0, "carol": 0.0, "dave": 0.0, "eve": 0.0}
+    assert "grading process died" in data["eve"]["message"] and data["eve"]["max_score"] == 9
     assert "not a readable notebook" in data["carol"]["message"] and data["carol"]["max_score"] == 9
     rows = {r["student"]: r for r in csv.DictReader((out / "g.csv").open(encoding="utf-8"))}
     assert rows["alice"]["total"] == "9" and rows["bob"]["03-sdpa-numpy"] == "0" and rows["bob"]["max_total"] == "9"
     long = list(csv.DictReader((out / "long.csv").open(encoding="utf-8")))
-    assert len(long) == 4 * 5 and {r["status"] for r in long} >= {"passed", "failed", "error", "missing"}
+    assert len(long) == 5 * 5 and {r["status"] for r in long} >= {"passed", "failed", "error", "missing"}
     fb = (out / "fb" / "bob" / "03_scaled_dot_product_attention.md").read_text(encoding="utf-8")
     assert "7 / 9" in fb and "03-sdpa-numpy" in fb and "should be a function" in fb and "Hint:" in fb
     assert (out / "fb" / "carol" / "carol.md").exists()
