@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from ..online_softmax import AttentionState, online_attention_update
 from ..sdpa import causal_mask, scaled_dot_product_attention
 from . import Case, exercise
 
@@ -44,11 +46,8 @@ def _tile_mask_cases():
 
 
 def _online_update(m, l, acc, s, v):
-    """Reference: one key block of the online softmax, natural exp, per query row."""
-    m_new = torch.maximum(m, s.amax(dim=-1))  # (BQ,)
-    alpha = torch.exp(m - m_new)  # (BQ,)
-    p = torch.exp(s - m_new[:, None])  # (BQ, BK)
-    return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v  # (BQ,), (BQ,), (BQ, D)
+    """Reference: one key block of the online softmax (chapter 08's update, natural exp), per query row."""
+    return tuple(online_attention_update(AttentionState(m, l, acc), s, v))  # (BQ,), (BQ,), (BQ, D)
 
 
 @exercise("10-online-update", "online_update", points=3,
@@ -113,7 +112,10 @@ def _tflops_cases():
     cases = []
     for batch, heads, t, d, causal, ms in ((4, 16, 4096, 64, False, 1.5), (4, 16, 4096, 64, True, 0.9),
                                            (1, 1, 1024, 128, False, 0.01), (2, 8, 16384, 128, True, 12.0)):
-        flops = 4 * batch * heads * t * t * d * (0.5 if causal else 1.0)
+        q = torch.empty(batch, heads, t, d, device="meta")  # no memory: only shapes, for PyTorch's FLOP counter
+        with FlopCounterMode(display=False) as counter:
+            q @ q.transpose(-2, -1) @ q  # the two matmuls of attention, (T, D) @ (D, T) then (T, T) @ (T, D)
+        flops = counter.get_total_flops() * (0.5 if causal else 1.0)  # causal: half the (query, key) pairs
         cases.append(Case(f"B={batch}, H={heads}, T={t}, D={d}, causal={causal}, {ms} ms",
                           (batch, heads, t, d, causal, ms), expected=flops / (ms * 1e-3) / 1e12,
                           rtol=1e-6, atol=1e-9))
