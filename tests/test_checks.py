@@ -59,6 +59,24 @@ def test_forbidden_function_fails():
     assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"  # restored afterwards
 
 
+def test_forbidden_function_fails_through_an_alias_bound_earlier():
+    """Replacing the module attribute misses `from ... import f as g` done before the check: the call guard
+    catches PyTorch's built-in kernel and the package's Python oracle by identity."""
+    import sys
+
+    from torch.nn.functional import scaled_dot_product_attention as fused
+
+    from attncourse import scaled_dot_product_attention as oracle
+
+    with pytest.raises(CheckFailed, match="scaled_dot_product_attention"):
+        check("03-softmax-axis-bug", lambda q, k, v: fused(q, k, v))
+    with pytest.raises(CheckFailed, match=r"attncourse(\.sdpa)?\.scaled_dot_product_attention"):
+        check("03-softmax-axis-bug", lambda q, k, v: oracle(q, k, v))
+    assert sys.gettrace() is None  # the call hook is removed afterwards
+    x = torch.randn(1, 2, 3, 4)
+    torch.testing.assert_close(fused(x, x, x), oracle(x, x, x))  # and both work again
+
+
 def test_numpy_exercise_gets_arrays_and_value_lookup_by_name():
     seen = []
 

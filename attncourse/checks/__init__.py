@@ -232,6 +232,55 @@ def _restore(saved: list[tuple[Any, str, Any]]) -> None:
         setattr(owner, attr, original)
 
 
+class _CallGuard:
+    """Catches a forbidden function however it is reached, including through an alias bound before the
+    check ran (``from torch.nn.functional import scaled_dot_product_attention as sdpa``), which replacing
+    the module attribute alone cannot see: PyTorch's built-in ops through a TorchFunctionMode, Python
+    functions through a call hook on their code objects."""
+
+    def __init__(self, saved: list[tuple[Any, str, Any]]):
+        originals = {f"{owner.__name__}.{attr}": fn for owner, attr, fn in saved}
+        self.codes = {code: name for code, name in
+                      ((getattr(fn, "__code__", None), name) for name, fn in originals.items()) if code is not None}
+        self.builtins = {fn: name for name, fn in originals.items() if not hasattr(fn, "__code__")}
+        self.mode = None
+        self.previous_trace = None
+
+    def _trace(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.codes:
+            raise CheckFailed(f"your code called {self.codes[frame.f_code]}, which this exercise asks you not to use")
+        return None
+
+    def __enter__(self) -> "_CallGuard":
+        import sys
+
+        from torch.overrides import TorchFunctionMode
+
+        builtins = self.builtins
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func in builtins:
+                    raise CheckFailed(f"your code called {builtins[func]}, which this exercise asks you not to use")
+                return func(*args, **(kwargs or {}))
+
+        if builtins:
+            self.mode = Mode()
+            self.mode.__enter__()
+        self.previous_trace = sys.gettrace()
+        if self.codes and self.previous_trace is None:  # never displace a debugger's tracer
+            sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import sys
+
+        if self.codes and self.previous_trace is None:
+            sys.settrace(None)
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+
+
 def evaluate(ex: Exercise, answer: Any, case: Case) -> Any:
     """Run the learner's `answer` on one case (in the current process) and return a portable result."""
     if ex.kind == "value":
@@ -239,7 +288,9 @@ def evaluate(ex: Exercise, answer: Any, case: Case) -> Any:
     args = to_numpy_args(case.args) if ex.numpy else case.args
     saved = _patch_forbidden(ex.forbid)
     try:
-        return to_portable(answer(*args, **case.kwargs))
+        with _CallGuard(saved):
+            result = answer(*args, **case.kwargs)
+        return to_portable(result)
     finally:
         _restore(saved)
 

@@ -7,6 +7,11 @@ import torch
 from ..sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
+# Implement-it-yourself exercises may not call an attention that is already written: PyTorch's fused kernel or
+# the course's oracle (under either name).
+_FORBID = ("torch.nn.functional.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
+           "attncourse.sdpa.scaled_dot_product_attention")
+
 
 def _qkv(gen: torch.Generator, q_shape, k_len: int, dv: int | None = None, dtype=torch.float64):
     *lead, _, d = q_shape
@@ -39,7 +44,7 @@ def _sdpa_numpy():
 
 
 @exercise("03-softmax-axis-bug", "attention_fixed", points=2,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
+          forbid=_FORBID,
           hint="each query's weights must sum to 1 over the keys: which axis of (..., Tq, Tk) is that?")
 def _softmax_axis():
     """Find and fix the bug in an attention that normalises over the wrong axis."""
@@ -65,7 +70,7 @@ def _predict_shapes():
 
 
 @exercise("03-masked-attention", "masked_attention", points=3,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
+          forbid=_FORBID + ("attncourse.safe_softmax", "attncourse.sdpa.safe_softmax"),
           hint="fill blocked scores with -inf, subtract the row max where it is finite, and divide by "
                "the row sum only where it is positive, so an all-blocked row gives zeros, not NaN")
 def _masked():
