@@ -98,6 +98,8 @@ class SigmoidAttention(MultiHeadAttention):
     Args:
         d_model, n_heads, n_kv_heads, bias: as :class:`~attncourse.MultiHeadAttention`.
         score_bias: the scalar b added to every score; None means -log(Tk) at each call.
+
+    No KV cache: ``forward`` takes the same arguments as the parent's except ``kv_cache``.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, bias: bool = False,
@@ -187,6 +189,7 @@ class DifferentialAttention(nn.Module):
         super().__init__()
         _validate.positive_int("d_model", d_model)
         _validate.positive_int("n_heads", n_heads)
+        _validate.positive_int("layer", layer)
         if d_model % (2 * n_heads):
             raise ValueError(f"d_model={d_model} must be divisible by 2 * n_heads={2 * n_heads}")
         self.d_model, self.n_heads = d_model, n_heads
