@@ -52,6 +52,27 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> t
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
 
 
+def apply_mask(scores: torch.Tensor, attn_mask: torch.Tensor | None = None, *, is_causal: bool = False
+               ) -> torch.Tensor:
+    """Scores (..., Tq, Tk) with the course's mask convention applied: a boolean `attn_mask` puts -inf where
+    it is False, a float one is added, `is_causal` blocks keys after the query (top-left aligned)."""
+    q_len, k_len = scores.shape[-2:]
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        _validate.broadcastable("attn_mask", tuple(attn_mask.shape), tuple(scores.shape), "scores")
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask.is_floating_point():
+            scores = scores + attn_mask.to(scores.dtype)
+        else:
+            raise TypeError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
+    if is_causal:
+        allowed = causal_mask(q_len, k_len, device=scores.device)  # (Tq, Tk)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -75,25 +96,11 @@ def scaled_dot_product_attention(
         out (..., Tq, Dv), and the weights if asked. Fully masked rows give zeros, never NaN.
     """
     _check_qkv(query, key, value)
-    q_len, k_len = query.shape[-2], key.shape[-2]
-    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
 
     scores = (query @ key.transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, Tk) -> (..., Tq, Tk)
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-        _validate.broadcastable("attn_mask", tuple(attn_mask.shape), (*lead, q_len, k_len), "scores")
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask.is_floating_point():
-            scores = scores + attn_mask.to(scores.dtype)
-        else:
-            raise TypeError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
-    if is_causal:
-        allowed = causal_mask(q_len, k_len, device=scores.device)  # (Tq, Tk)
-        scores = scores.masked_fill(~allowed, float("-inf"))
+    scores = apply_mask(scores, attn_mask, is_causal=is_causal)
 
     # Softmax in float32 at least, as PyTorch's kernels do for half precision.
     weights = safe_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores)

@@ -34,7 +34,7 @@ from torch import nn
 
 from . import _validate
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
-from .sdpa import _check_qkv, causal_mask, scaled_dot_product_attention
+from .sdpa import _check_qkv, apply_mask, scaled_dot_product_attention
 
 
 def sigmoid_attention(
@@ -64,8 +64,7 @@ def sigmoid_attention(
         out (..., Tq, Dv), and the weights if asked.
     """
     _check_qkv(query, key, value)
-    q_len, k_len = query.shape[-2], key.shape[-2]
-    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    k_len = key.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     if bias is None:
@@ -74,18 +73,7 @@ def sigmoid_attention(
         raise TypeError(f"bias must be a float or None, got {type(bias).__name__}")
 
     scores = (query @ key.transpose(-2, -1)) * scale + bias  # (..., Tq, D) @ (..., D, Tk) -> (..., Tq, Tk)
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-        _validate.broadcastable("attn_mask", tuple(attn_mask.shape), (*lead, q_len, k_len), "scores")
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask.is_floating_point():
-            scores = scores + attn_mask.to(scores.dtype)
-        else:
-            raise TypeError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
-    if is_causal:
-        scores = scores.masked_fill(~causal_mask(q_len, k_len, device=scores.device), float("-inf"))
+    scores = apply_mask(scores, attn_mask, is_causal=is_causal)
 
     weights = torch.sigmoid(scores)  # (..., Tq, Tk), each entry in [0, 1]; no sum over the row
     out = weights @ value  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
