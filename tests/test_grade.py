@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import nbformat
-import pytest
 
 from attncourse import grade
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attncourse import MultiHeadAttention, masks, scaled_dot_product_attention
+from attncourse import MultiHeadAttention, masks
 from attncourse.kv_cache import KVCache, SinkWindowCache, caches_for
 from attncourse.gpt import GPTConfig
 

@@ -63,7 +63,7 @@ def test_device_and_printed_report(capsys):
     assert device().type == ("cuda" if torch.cuda.is_available() else "cpu")
     print_env_report()
     out = capsys.readouterr().out
-    assert f"torch" in out and torch.__version__ in out
+    assert "torch" in out and torch.__version__ in out
 
 
 def test_causal_mask_helper():
