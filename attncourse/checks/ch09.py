@@ -27,7 +27,8 @@ def _state_check(out_expected: torch.Tensor, lse_expected: torch.Tensor):
             if not isinstance(x, torch.Tensor):
                 return f"{name} should be a tensor, got {type(x).__name__}"
             if tuple(x.shape) != tuple(shape):
-                return f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} (keep the last dim with keepdim=True)"
+                return (f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} "
+                        "(keep the last dim with keepdim=True)")
             if not torch.isfinite(x).all():
                 return (f"{name} holds NaN or inf: did you subtract the new running max before exp, "
                         "and handle the empty state m = -inf?")
@@ -59,7 +60,7 @@ def _tile_update():
     for name, (n_prev, n_tile, mult, masked) in {
         "first tile: empty state (m = -inf, l = 0, acc = 0)": (0, 6, 1.0, False),
         "second tile of 7 keys after 6": (6, 7, 1.0, False),
-        "large scores (x 40): exp overflows unless shifted": (6, 7, 40.0, False),
+        "huge scores (x 300): exp overflows even in float64 unless shifted": (6, 7, 300.0, False),
         "a tile whose keys are all masked (-inf) for some rows": (6, 7, 1.0, True),
     }.items():
         q = torch.randn(n, bq, d, generator=gen, dtype=torch.float64) * mult
