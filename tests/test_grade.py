@@ -55,10 +55,16 @@ def test_forbidden_kernel_is_caught_even_when_aliased(tmp_path):
         answer_cell(nb, "03-softmax-axis-bug").source = (
             "from torch.nn.functional import scaled_dot_product_attention as sneaky\n"
             "def attention_fixed(q, k, v):\n    return sneaky(q, k, v)\n")
+        answer_cell(nb, "03-masked-attention").source = (  # the course's own oracle, under another name
+            "from attncourse import scaled_dot_product_attention as oracle\n"
+            "def masked_attention(q, k, v, keep):\n    return oracle(q, k, v, keep)\n")
 
     result = grade.grade_notebook(submission(tmp_path, "03_fused.ipynb", edit))
     ex = next(e for e in result.exercises if e.id == "03-softmax-axis-bug")
     assert ex.status == "failed" and "scaled_dot_product_attention" in ex.message
+    ex = next(e for e in result.exercises if e.id == "03-masked-attention")
+    assert ex.status == "failed" and "attncourse" in ex.message and "scaled_dot_product_attention" in ex.message, ex
+    assert result.score == 4  # the other three exercises still pass
 
 
 def test_raising_looping_and_dying_submissions(tmp_path):

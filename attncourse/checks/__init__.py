@@ -239,7 +239,10 @@ class _CallGuard:
     functions through a call hook on their code objects."""
 
     def __init__(self, saved: list[tuple[Any, str, Any]]):
-        originals = {f"{owner.__name__}.{attr}": fn for owner, attr, fn in saved}
+        # Only the library's own functions: a learner who assigned their own function to a forbidden name
+        # (attncourse.scaled_dot_product_attention = mine) is still running their own code.
+        originals = {f"{owner.__name__}.{attr}": fn for owner, attr, fn in saved
+                     if (getattr(fn, "__module__", None) or "").split(".")[0] == owner.__name__.split(".")[0]}
         self.codes = {code: name for code, name in
                       ((getattr(fn, "__code__", None), name) for name, fn in originals.items()) if code is not None}
         self.builtins = {fn: name for name, fn in originals.items() if not hasattr(fn, "__code__")}
