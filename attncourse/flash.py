@@ -29,6 +29,7 @@ import torch
 
 from . import _validate
 from .sdpa import _check_qkv
+from .sdpa import compute_dtype as _compute_dtype  # half precision tiles accumulate in float32
 
 __all__ = ["FlashAttentionFunction", "flash_attention", "flash_attention_forward", "default_block_sizes",
            "causal_tile_map", "causal_block_counts", "hbm_traffic_standard", "hbm_traffic_flash",
@@ -69,10 +70,6 @@ def _check_args(query, key, value, is_causal, scale, block_q, block_k):
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     return scale, block_q, block_k
 
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half precision tiles accumulate in float32, as the GPU kernels do.
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 _LOG2E = 1.0 / math.log(2.0)  # scores are kept in base 2 inside the tiles: exp2 is about twice as fast as exp on CPU

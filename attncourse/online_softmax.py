@@ -22,7 +22,8 @@ from typing import NamedTuple
 import torch
 
 from . import _validate
-from .sdpa import _check_qkv, causal_mask
+from .sdpa import _check_qkv, apply_mask, causal_mask
+from .sdpa import compute_dtype as _compute_dtype
 
 __all__ = [
     "AttentionState", "SoftmaxState", "finalize_attention_state", "logsumexp_from_state",
@@ -55,9 +56,6 @@ class AttentionState(NamedTuple):
 
 # ----------------------------------------------------------------------------- helpers
 
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _check_dim(name: str, x: object, dim: object) -> torch.Tensor:
@@ -319,7 +317,7 @@ def online_attention(
         s = (q @ k_chunk.transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, C) -> (..., Tq, C)
         if attn_mask is not None:
             part = attn_mask if attn_mask.shape[-1] == 1 else attn_mask[..., start:stop]  # (..., Tq or 1, C or 1)
-            s = s.masked_fill(~part, _NEG_INF) if part.dtype == torch.bool else s + part.to(dtype)
+            s = apply_mask(s, part)
         if is_causal:
             keep = causal_mask(q_len, k_len, device=s.device)[:, start:stop]  # (Tq, C)
             s = s.masked_fill(~keep, _NEG_INF)

@@ -47,6 +47,11 @@ def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> N
         )
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores and softmax are computed in: float32 for half precision (as PyTorch's kernels do)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Boolean (Tq, Tk) mask, True where key j <= query i: top-left aligned, as PyTorch's ``is_causal``."""
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
@@ -103,7 +108,7 @@ def scaled_dot_product_attention(
     scores = apply_mask(scores, attn_mask, is_causal=is_causal)
 
     # Softmax in float32 at least, as PyTorch's kernels do for half precision.
-    weights = safe_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores)
+    weights = safe_softmax(scores.to(compute_dtype(scores.dtype)))
     weights = weights.to(value.dtype)
     out = weights @ value  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
     return (out, weights) if return_weights else out
