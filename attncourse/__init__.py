@@ -6,7 +6,7 @@ so chapter 10 imports it itself, after setting TRITON_INTERPRET.
 """
 
 from . import masks
-from .checks import check
+from .classroom.checks import check
 from .chunked import chunked_prefill, peak_tensor_bytes
 from .flash import (
     causal_block_counts, causal_tile_map, flash_attention, flash_attention_forward, hbm_traffic_flash,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attncourse import checks
-from attncourse.checks import CheckFailed, ExerciseNotDone, check
+from attncourse.classroom import checks
+from attncourse.classroom.checks import CheckFailed, ExerciseNotDone, check
 
 
 def right(q, k, v):

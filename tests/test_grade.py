@@ -7,11 +7,14 @@ from pathlib import Path
 
 import nbformat
 
-from attncourse import grade
+from attncourse.classroom import checks, grade
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "03_scaled_dot_product_attention.ipynb"
 EXERCISE = ROOT / "exercises" / "03_scaled_dot_product_attention.ipynb"
+# Chapter 03's exercises, from the registry (so adding an exercise to the chapter does not break these tests)
+POINTS = {ex.id: ex.points for ex in checks.exercises_for("03")}
+MAX, COUNT = sum(POINTS.values()), len(POINTS)
 
 
 def submission(tmp_path: Path, name: str, edit, base: Path = SOLUTION) -> Path:
@@ -35,9 +38,9 @@ def test_cheating_inside_the_notebook_buys_nothing(tmp_path):
         # a wrong answer, a patched checker, a patched reference, an edited check cell and a fake pass line
         answer_cell(nb, "03-softmax-axis-bug").source = (
             "def attention_fixed(q, k, v):\n    return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)\n"
-            "import attncourse, attncourse.checks, attncourse.sdpa\n"
-            "attncourse.checks.check = attncourse.check = lambda *a, **k: print('✓ 03-softmax-axis-bug: all 3 case(s) passed')\n"
-            "attncourse.checks.compare = lambda *a, **k: None\n"
+            "import attncourse, attncourse.classroom.checks, attncourse.sdpa\n"
+            "attncourse.classroom.checks.check = attncourse.check = lambda *a, **k: print('✓ 03-softmax-axis-bug: all 3 case(s) passed')\n"
+            "attncourse.classroom.checks.compare = lambda *a, **k: None\n"
             "attncourse.sdpa.scaled_dot_product_attention = attention_fixed\n"
             "attncourse.scaled_dot_product_attention = attention_fixed\n")
         for cell in nb.cells:
@@ -47,7 +50,7 @@ def test_cheating_inside_the_notebook_buys_nothing(tmp_path):
 
     result = grade.grade_notebook(submission(tmp_path, "03_cheat.ipynb", edit))
     assert statuses(result)["03-softmax-axis-bug"] == "failed"
-    assert result.max_score == 9 and result.score == 7
+    assert result.max_score == MAX and result.score == MAX - POINTS["03-softmax-axis-bug"]
 
 
 def test_forbidden_kernel_is_caught_even_when_aliased(tmp_path):
@@ -64,7 +67,7 @@ def test_forbidden_kernel_is_caught_even_when_aliased(tmp_path):
     assert ex.status == "failed" and "scaled_dot_product_attention" in ex.message
     ex = next(e for e in result.exercises if e.id == "03-masked-attention")
     assert ex.status == "failed" and "attncourse" in ex.message and "scaled_dot_product_attention" in ex.message, ex
-    assert result.score == 4  # the other three exercises still pass
+    assert result.score == MAX - POINTS["03-softmax-axis-bug"] - POINTS["03-masked-attention"]  # the others pass
 
 
 def test_raising_looping_and_dying_submissions(tmp_path):
@@ -85,7 +88,7 @@ def test_raising_looping_and_dying_submissions(tmp_path):
         nb.cells.insert(3, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
 
     result = grade.grade_notebook(submission(tmp_path, "03_dies.ipynb", die), cell_timeout=20)
-    assert result.score == 0 and len(result.exercises) == 5
+    assert result.score == 0 and len(result.exercises) == COUNT
     assert {e.status for e in result.exercises} <= {"error", "missing"}
 
 
@@ -93,7 +96,7 @@ def test_unreadable_and_empty_notebooks(tmp_path):
     bad = tmp_path / "03_not_json.ipynb"
     bad.write_text("{ this is not json", encoding="utf-8")
     result = grade.grade_notebook(bad)
-    assert result.max_score == 9 and result.score == 0
+    assert result.max_score == MAX and result.score == 0
     assert {e.status for e in result.exercises} == {"error"} and "not a readable notebook" in result.message
 
     empty = tmp_path / "03_empty.ipynb"
@@ -115,22 +118,22 @@ def test_deleted_and_reordered_cells_are_graded(tmp_path):
         nb.cells.reverse()  # answers now run before the imports they need
 
     result = grade.grade_notebook(submission(tmp_path, "03_shuffled.ipynb", edit))
-    assert result.max_score == 9 and 0 <= result.score < 9
-    assert len(result.exercises) == 5
+    assert result.max_score == MAX and 0 <= result.score < MAX
+    assert len(result.exercises) == COUNT
 
 
 def test_cli_writes_the_documented_json(tmp_path, capsys):
     out = tmp_path / "grades.json"
     assert grade.main([str(SOLUTION), str(EXERCISE), "--json", str(out)]) == 0
     data = json.loads(out.read_text(encoding="utf-8"))
-    assert [d["score"] for d in data] == [9.0, 0.0]
+    assert [d["score"] for d in data] == [MAX, 0.0]
     for entry in data:
         assert {"notebook", "score", "max_score", "exercises"} <= set(entry)
         for ex in entry["exercises"]:
             assert set(ex) == {"id", "points", "max_points", "status", "message"}
             assert ex["status"] in grade.STATUSES
             assert isinstance(ex["points"], float) and isinstance(ex["max_points"], float)
-    assert "9 / 9" in capsys.readouterr().out
+    assert f"{MAX:g} / {MAX:g}" in capsys.readouterr().out
 
 
 def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path):
@@ -165,7 +168,7 @@ def minimal(nb):
 
 
 def test_hidden_tests_exist_map_to_exercises_and_stay_out_of_exercises():
-    from attncourse import checks
+    from attncourse.classroom import checks
 
     registered = checks.registry()
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
@@ -191,10 +194,10 @@ def test_hidden_tests_run_in_the_grader_and_patching_the_kernel_does_not_help(tm
     result = grade.grade_notebook(path, cell_timeout=30)
     ex = next(e for e in result.exercises if e.id == "03-masked-attention")
     assert ex.status == "failed" and ex.points == 0 and "hidden test 1" in ex.message, ex
-    assert result.score == 6  # every other exercise still passes
+    assert result.score == MAX - POINTS["03-masked-attention"]  # every other exercise still passes
     # without the hidden tests the same answer passes the registry's cases: the hidden test is what catches it
     result = grade.grade_notebook(path, cell_timeout=30, solutions=None)
-    assert statuses(result)["03-masked-attention"] == "passed" and result.score == 9
+    assert statuses(result)["03-masked-attention"] == "passed" and result.score == MAX
 
 
 def test_hidden_test_protocol(tmp_path):
@@ -236,7 +239,7 @@ def test_loud_and_renamed_submissions(tmp_path):
     result = grade.grade_notebook(submission(tmp_path, "03_loud.ipynb", edit), cell_timeout=30)
     ex = next(e for e in result.exercises if e.id == "03-softmax-axis-bug")
     assert ex.status == "missing" and "attention_fix" in ex.message and "renamed" in ex.message
-    assert result.score == 7 and "printed 4.0 MB" in result.message
+    assert result.score == MAX - POINTS["03-softmax-axis-bug"] and "printed 4.0 MB" in result.message
 
 
 def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
@@ -261,13 +264,14 @@ def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
     out.mkdir()
     assert grade.main(argv) == 0
     data = {d["student"]: d for d in json.loads((out / "g.json").read_text(encoding="utf-8"))}
-    assert {s: d["score"] for s, d in data.items()} == {"alice": 9.0, "bob": 7.0, "carol": 0.0, "dave": 0.0, "eve": 0.0}
-    assert "grading process died" in data["eve"]["message"] and data["eve"]["max_score"] == 9
-    assert "not a readable notebook" in data["carol"]["message"] and data["carol"]["max_score"] == 9
+    bob = MAX - POINTS["03-sdpa-numpy"]
+    assert {s: d["score"] for s, d in data.items()} == {"alice": MAX, "bob": bob, "carol": 0.0, "dave": 0.0, "eve": 0.0}
+    assert "grading process died" in data["eve"]["message"] and data["eve"]["max_score"] == MAX
+    assert "not a readable notebook" in data["carol"]["message"] and data["carol"]["max_score"] == MAX
     rows = {r["student"]: r for r in csv.DictReader((out / "g.csv").open(encoding="utf-8"))}
-    assert rows["alice"]["total"] == "9" and rows["bob"]["03-sdpa-numpy"] == "0" and rows["bob"]["max_total"] == "9"
+    assert rows["alice"]["total"] == f"{MAX:g}" and rows["bob"]["03-sdpa-numpy"] == "0" and rows["bob"]["max_total"] == f"{MAX:g}"
     long = list(csv.DictReader((out / "long.csv").open(encoding="utf-8")))
-    assert len(long) == 5 * 5 and {r["status"] for r in long} >= {"passed", "failed", "error", "missing"}
+    assert len(long) == 5 * COUNT and {r["status"] for r in long} >= {"passed", "failed", "error", "missing"}
     fb = (out / "fb" / "bob" / "03_scaled_dot_product_attention.md").read_text(encoding="utf-8")
-    assert "7 / 9" in fb and "03-sdpa-numpy" in fb and "should be a function" in fb and "Hint:" in fb
+    assert f"{bob:g} / {MAX:g}" in fb and "03-sdpa-numpy" in fb and "should be a function" in fb and "Hint:" in fb
     assert (out / "fb" / "carol" / "carol.md").exists()

@@ -21,7 +21,7 @@ import pytest
 
 nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install -e '.[nbgrader]')")
 
-from attncourse import checks, nbtools  # noqa: E402
+from attncourse.classroom import checks, nbtools  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))

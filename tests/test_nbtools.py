@@ -3,7 +3,7 @@
 import nbformat
 import pytest
 
-from attncourse import nbtools
+from attncourse.classroom import nbtools
 
 
 def test_solution_region_becomes_an_indented_stub():

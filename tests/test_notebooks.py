@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncourse import checks, nbtools
-from attncourse.grade import grade_notebook
+from attncourse.classroom import checks, nbtools
+from attncourse.classroom.grade import grade_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))

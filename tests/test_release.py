@@ -4,7 +4,7 @@
 ``solutions/`` (comments dropped, whitespace collapsed, at least 20 characters). A solution line is
 *distinctive* unless learners are meant to see it anyway: it also occurs in the student version of the
 exercises (context around a stub, e.g. the buggy code of a find-the-bug exercise), in a lesson, in a
-package module outside ``attncourse/checks`` (the reference implementations a learner may read), or in
+package module outside ``attncourse/classroom/checks`` (the reference implementations a learner may read), or in
 an exercise's hint. No distinctive line may appear in any file of the release.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncourse import checks, nbtools, release
+from attncourse.classroom import checks, nbtools, release
 
 ROOT = Path(__file__).resolve().parent.parent
 REGIONS = ((nbtools.BEGIN_SOLUTION, nbtools.END_SOLUTION), (nbtools.BEGIN_HIDDEN, nbtools.END_HIDDEN))
@@ -78,7 +78,7 @@ def test_release_has_the_course_and_nothing_else(built):
         sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
     assert sorted(p.name for p in (built / "notebooks").glob("*.ipynb")) == \
         sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert (built / "attncourse" / "checks" / "__init__.py").exists()
+    assert (built / "attncourse" / "classroom" / "checks" / "__init__.py").exists()
     assert not list(built.rglob("__pycache__")) and not list(built.rglob("*.pyc"))
     with zipfile.ZipFile(f"{built}.zip") as z:
         zipped = {n for n in z.namelist() if not n.endswith("/")}

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from ..flash import causal_block_counts, flash_attention_forward, hbm_traffic_flash, hbm_traffic_standard
-from ..sdpa import apply_mask, scaled_dot_product_attention
+from attncourse.flash import causal_block_counts, flash_attention_forward, hbm_traffic_flash, hbm_traffic_standard
+from attncourse.sdpa import apply_mask, scaled_dot_product_attention
 from . import Case, exercise
 
 HBM_QUESTION = dict(seq_len=4096, head_dim=128, sram=65536)  # the values the exercise asks about

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..mha import MultiHeadAttention, merge_heads
+from attncourse.mha import MultiHeadAttention, merge_heads
 from . import Case, exercise
 
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..heads import induction_scores
-from ..variants import DifferentialAttention, diff_lambda_init, differential_attention, sigmoid_attention
-from ..vit import patchify
+from attncourse.heads import induction_scores
+from attncourse.variants import DifferentialAttention, diff_lambda_init, differential_attention, sigmoid_attention
+from attncourse.vit import patchify
 from . import Case, exercise
 
 

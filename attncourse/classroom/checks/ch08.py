@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..online_softmax import (AttentionState, SoftmaxState, merge_softmax_states, one_pass_softmax,
+from attncourse.online_softmax import (AttentionState, SoftmaxState, merge_softmax_states, one_pass_softmax,
                               online_attention_update, online_softmax_trace, softmax_state)
 from . import Case, exercise
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sdpa import scaled_dot_product_attention
+from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
 # Implement-it-yourself exercises may not call an attention that is already written: PyTorch's fused kernel or

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..masks import materialize, or_masks
-from ..online_softmax import AttentionState, finalize_attention_state, merge_attention_states
-from ..paged_cache import PagedKVCache
-from ..ring import ring_bytes_per_rank
-from ..sparse import global_tokens, local
+from attncourse.masks import materialize, or_masks
+from attncourse.online_softmax import AttentionState, finalize_attention_state, merge_attention_states
+from attncourse.paged_cache import PagedKVCache
+from attncourse.ring import ring_bytes_per_rank
+from attncourse.sparse import global_tokens, local
 from . import Case, exercise
 
 # The configuration of exercise 4: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.

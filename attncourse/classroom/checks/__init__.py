@@ -5,9 +5,32 @@ it is worth, a hint, and a function that builds :class:`Case` objects: inputs pl
 result, computed here by the reference implementations. Two runners use the same cases:
 
 * :func:`check` runs in the learner's notebook and gives instant, specific feedback;
-* :mod:`attncourse.grade` computes the expected values in its own process, sends only the inputs to
+* :mod:`attncourse.classroom.grade` computes the expected values in its own process, sends only the inputs to
   the student's kernel, and compares what comes back, so nothing the notebook patches or prints can
   change the verdict.
+
+The exercise standard (issue 15; ``tests/test_exercise_standard.py`` enforces it for every chapter)
+    Every exercise has a `category` (:data:`CATEGORIES`) and every chapter has one of each.
+
+    * ``implement``: ``forbid=(...)`` names the library functions and PyTorch kernels that would do the job,
+      ``shortcuts=(...)`` holds right answers built on them (callables with the exercise's signature). The
+      test requires each shortcut to pass with nothing forbidden and to be refused, as a forbidden call, by the
+      check cell and by the grader. Both run the answer under :class:`~.forbidden.CallGuard`, which catches
+      a forbidden function under every spelling (``torch.X``, ``x.X()``, ``F.X``, ``attncourse.X`` and its
+      module) and alias; see :mod:`.forbidden`.
+    * ``bug``: ``bug_words=(...)`` are the words that would name the bug; none may appear (at the start of a
+      word, any case) in the exercise's title or in the chapter's lesson notebook.
+    * ``predict``: ``parts=(...)`` names the parts of the answer (one per item of a tuple; dict keys name
+      themselves). :func:`feedback` tells a wrong guess which parts are wrong and never shows the expected
+      value; the test perturbs the expected value and searches every message for it and its parts.
+    * ``experiment``: ``kind="function"``: a seeded function the check calls. Each case's ``expected`` is
+      what the reference computes for the case's inputs (seed included), even when ``compare`` is a function
+      (which may take ``(got)`` or ``(got, expected)``); the test hands each case's expected value back as a
+      hand-typed answer and requires the check to refuse it.
+
+    Hints point the way without the code (a heuristic test flags ``@``, calls, ``=``, formulas), no solution
+    body may be a near copy of a lesson cell, and a lesson or solution cell that prints a verdict
+    (``equal: True``) asserts it.
 """
 
 from __future__ import annotations
@@ -21,8 +44,20 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["Case", "Exercise", "CheckFailed", "ExerciseNotDone", "check", "exercise", "get",
-           "exercises_for", "registry", "compare", "to_portable"]
+from . import forbidden
+
+__all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "check", "exercise", "get",
+           "exercises_for", "registry", "compare", "feedback", "to_portable"]
+
+# What an exercise asks of the learner. Every chapter has at least one of each (tests/test_exercise_standard.py).
+#   implement:  write a function the lesson did not show line by line; `forbid` names the library functions
+#               and PyTorch kernels that would do the job, and `shortcuts` holds answers built on them,
+#               each of which the check must refuse;
+#   bug:        fix a given function; neither the title nor the lesson names the bug (`bug_words`);
+#   predict:    commit to a value (shapes, bytes, FLOPs) before computing it; a wrong guess is told which
+#               part is wrong (`parts` names them), never the expected value;
+#   experiment: a seeded function whose result the check recomputes (never hand-typed numbers).
+CATEGORIES = ("implement", "bug", "predict", "experiment")
 
 
 class CheckFailed(Exception):
@@ -38,8 +73,11 @@ class Case:
     """One input and its expected result.
 
     `compare` is "close" (``torch.testing.assert_close`` semantics with `rtol`/`atol`), "equal"
-    (exact, for shapes, ints, booleans), or a function ``(got) -> str | None`` that returns an error
-    message, for experiments whose answer is a range rather than a number.
+    (exact, for shapes, ints, booleans), or a function ``(got) -> str | None`` or
+    ``(got, expected) -> str | None`` that returns an error message, for answers a tolerance alone cannot
+    judge. An experiment's case still sets `expected` to what the reference computes for the case's
+    inputs (seed included): the standard's test hands that value back as a hand-typed answer and requires
+    the check to refuse it.
     """
 
     name: str
@@ -64,6 +102,15 @@ class Exercise:
     numpy: bool = False  # hand the function NumPy arrays instead of tensors
     forbid: tuple[str, ...] = ()  # dotted names that must not be called (replaced while it runs)
     title: str = ""
+    category: str | None = None  # one of CATEGORIES
+    shortcuts: tuple[Callable, ...] = ()  # answers that call the library instead of doing the work: all refused
+    parts: tuple[str, ...] = ()  # predict: a name for each part of the answer, used in place of its value
+    bug_words: tuple[str, ...] = ()  # bug: words naming the bug, kept out of the title and the lesson
+
+    @property
+    def reveals(self) -> bool:
+        """Whether feedback may show the expected value (never for a prediction)."""
+        return self.category != "predict"
 
     @property
     def chapter(self) -> str:
@@ -74,16 +121,20 @@ _REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind: str = "function",
-             numpy: bool = False, forbid: tuple[str, ...] = (), title: str = ""):
-    """Decorator registering a case-building function as the exercise `id`."""
+             numpy: bool = False, forbid: tuple[str, ...] = (), title: str = "", category: str | None = None,
+             shortcuts: tuple[Callable, ...] = (), parts: tuple[str, ...] = (), bug_words: tuple[str, ...] = ()):
+    """Decorator registering a case-building function as the exercise `id` (see :data:`CATEGORIES`)."""
     if kind not in ("function", "value"):
         raise ValueError(f"kind must be 'function' or 'value', got {kind!r}")
+    if category is not None and category not in CATEGORIES:
+        raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
 
     def register(make_cases: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
         if id in _REGISTRY:
             raise ValueError(f"exercise id {id!r} is registered twice")
         _REGISTRY[id] = Exercise(id, target, make_cases, float(points), hint, kind, numpy, tuple(forbid),
-                                 title or make_cases.__doc__ or "")
+                                 title or make_cases.__doc__ or "", category, tuple(shortcuts), tuple(parts),
+                                 tuple(bug_words))
         return make_cases
 
     return register
@@ -154,9 +205,19 @@ def compare(got: Any, expected: Any, case: Case) -> str | None:
     return msg
 
 
+def _call_compare(rule: Callable, got: Any, expected: Any) -> str | None:
+    """A case's own rule: ``rule(got)``, or ``rule(got, expected)`` when it takes two arguments."""
+    try:
+        params = [p for p in inspect.signature(rule).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    except (TypeError, ValueError):
+        params = [None]
+    return rule(got, expected) if len(params) >= 2 else rule(got)
+
+
 def _compare(got: Any, expected: Any, case: Case) -> str | None:
     if callable(case.compare):
-        return case.compare(got)
+        return _call_compare(case.compare, got, expected)
     if isinstance(expected, (tuple, list)) and not isinstance(got, str):
         if not isinstance(got, (tuple, list)):
             return f"expected a {type(expected).__name__} of {len(expected)} items, got {_describe(got)}"
@@ -203,85 +264,45 @@ def _compare(got: Any, expected: Any, case: Case) -> str | None:
     return None
 
 
+def feedback(ex: Exercise, got: Any, case: Case) -> str | None:
+    """What the learner is told about `got` on `case`: None when right; for a prediction, which part is
+    wrong but never the expected value."""
+    detail = compare(got, case.expected, case)
+    if detail is None or ex.reveals or callable(case.compare):
+        return detail
+    return _wrong_parts(ex, got, case)
+
+
+def _wrong_parts(ex: Exercise, got: Any, case: Case) -> str:
+    expected = case.expected
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return f"expected a {type(expected).__name__} of {len(expected)} items, got {_describe_kind(got)}"
+        names = ex.parts if len(ex.parts) == len(expected) else [f"item {i}" for i in range(len(expected))]
+        wrong = [name for name, g, e in zip(names, got, expected) if compare(g, e, case) is not None]
+    elif isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"expected a dict with keys {sorted(expected)}, got {_describe_kind(got)}"
+        missing = sorted(set(expected) - set(map(str, got)))
+        if missing:
+            return f"your dict has no entry for {', '.join(map(repr, missing))}"
+        got = {str(k): v for k, v in got.items()}
+        wrong = [repr(k) for k, e in expected.items() if compare(got[k], e, case) is not None]
+    else:
+        return f"that prediction is not right (a {_describe_kind(got)}); think it through again"
+    return f"wrong: {', '.join(wrong)} (the other parts are right)" if wrong else "that prediction is not right"
+
+
+def _describe_kind(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list, dict)):
+        return f"{type(x).__name__} of {len(x)} items"
+    return type(x).__name__
+
+
 def to_numpy_args(args: tuple) -> tuple:
     return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
-
-
-class _Forbidden:
-    """Replaces a function the learner must not call while their answer runs."""
-
-    def __init__(self, dotted: str):
-        self.dotted = dotted
-
-    def __call__(self, *args, **kwargs):
-        raise CheckFailed(f"your code called {self.dotted}, which this exercise asks you not to use")
-
-
-def _patch_forbidden(names: tuple[str, ...]) -> list[tuple[Any, str, Any]]:
-    saved = []
-    for dotted in names:
-        module_name, attr = dotted.rsplit(".", 1)
-        owner = importlib.import_module(module_name)
-        saved.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, _Forbidden(dotted))
-    return saved
-
-
-def _restore(saved: list[tuple[Any, str, Any]]) -> None:
-    for owner, attr, original in reversed(saved):
-        setattr(owner, attr, original)
-
-
-class _CallGuard:
-    """Catches a forbidden function however it is reached, including through an alias bound before the
-    check ran (``from torch.nn.functional import scaled_dot_product_attention as sdpa``), which replacing
-    the module attribute alone cannot see: PyTorch's built-in ops through a TorchFunctionMode, Python
-    functions through a call hook on their code objects."""
-
-    def __init__(self, saved: list[tuple[Any, str, Any]]):
-        # Only the library's own functions: a learner who assigned their own function to a forbidden name
-        # (attncourse.scaled_dot_product_attention = mine) is still running their own code.
-        originals = {f"{owner.__name__}.{attr}": fn for owner, attr, fn in saved
-                     if (getattr(fn, "__module__", None) or "").split(".")[0] == owner.__name__.split(".")[0]}
-        self.codes = {code: name for code, name in
-                      ((getattr(fn, "__code__", None), name) for name, fn in originals.items()) if code is not None}
-        self.builtins = {fn: name for name, fn in originals.items() if not hasattr(fn, "__code__")}
-        self.mode = None
-        self.previous_trace = None
-
-    def _trace(self, frame, event, arg):
-        if event == "call" and frame.f_code in self.codes:
-            raise CheckFailed(f"your code called {self.codes[frame.f_code]}, which this exercise asks you not to use")
-        return None
-
-    def __enter__(self) -> "_CallGuard":
-        import sys
-
-        from torch.overrides import TorchFunctionMode
-
-        builtins = self.builtins
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                if func in builtins:
-                    raise CheckFailed(f"your code called {builtins[func]}, which this exercise asks you not to use")
-                return func(*args, **(kwargs or {}))
-
-        if builtins:
-            self.mode = Mode()
-            self.mode.__enter__()
-        self.previous_trace = sys.gettrace()
-        if self.codes and self.previous_trace is None:  # never displace a debugger's tracer
-            sys.settrace(self._trace)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import sys
-
-        if self.codes and self.previous_trace is None:
-            sys.settrace(None)
-        if self.mode is not None:
-            self.mode.__exit__(None, None, None)
 
 
 def evaluate(ex: Exercise, answer: Any, case: Case) -> Any:
@@ -289,13 +310,18 @@ def evaluate(ex: Exercise, answer: Any, case: Case) -> Any:
     if ex.kind == "value":
         return to_portable(answer)
     args = to_numpy_args(case.args) if ex.numpy else case.args
-    saved = _patch_forbidden(ex.forbid)
-    try:
-        with _CallGuard(saved):
+    guard = forbidden.CallGuard(ex.forbid)
+    error = None
+    with guard:
+        try:
             result = answer(*args, **case.kwargs)
-        return to_portable(result)
-    finally:
-        _restore(saved)
+        except Exception as err:  # a forbidden call decides the verdict, whatever the answer did next
+            error = err
+    if guard.used:
+        raise CheckFailed(forbidden.message(guard.used[0])) from None
+    if error is not None:
+        raise error
+    return to_portable(result)
 
 
 def _failure(ex: Exercise, case: Case, detail: str) -> CheckFailed:
@@ -330,7 +356,7 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
             raise
         except Exception as err:  # the learner's code raised: say which case, keep the cause
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err
-        detail = compare(got, case.expected, case)
+        detail = feedback(ex, got, case)
         if detail:
             raise _failure(ex, case, detail) from None
     print(f"✓ {ex.id}: all {len(cases)} case(s) passed")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..masks import causal_bottom_right, materialize
-from ..positions import alibi_bias, alibi_slopes, grouped_alibi_bias
+from attncourse.masks import causal_bottom_right, materialize
+from attncourse.positions import alibi_bias, alibi_slopes, grouped_alibi_bias
 from . import Case, exercise
 
 

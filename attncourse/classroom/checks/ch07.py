@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import KVCache, SinkWindowCache
-from ..masks import attention_sink, causal_bottom_right, materialize, materialize_at, sliding_window
-from ..mha import MultiHeadAttention
-from ..positions import sinusoidal_positions
+from attncourse.kv_cache import KVCache, SinkWindowCache
+from attncourse.masks import attention_sink, causal_bottom_right, materialize, materialize_at, sliding_window
+from attncourse.mha import MultiHeadAttention
+from attncourse.positions import sinusoidal_positions
 from . import Case, exercise
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rnn_attention import AdditiveAttention
+from attncourse.rnn_attention import AdditiveAttention
 from . import Case, exercise
 
 

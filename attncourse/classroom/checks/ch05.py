@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
-from ..mha import MultiHeadAttention
+from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
+from attncourse.mha import MultiHeadAttention
 from . import Case, exercise
 from .ch04 import _weights, reference_mha
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
-from ..sdpa import scaled_dot_product_attention
+from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
+from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
 

@@ -1,0 +1,249 @@
+"""Checks for chapter 10, FlashAttention in Triton (solutions/10_flash_attention_triton.ipynb).
+
+The learner writes Triton: the check cell and the grader call the learner's Python launcher, which runs the
+learner's ``@triton.jit`` kernel (under ``TRITON_INTERPRET=1`` on a CPU, set by the notebook's first cell).
+Expected values are computed here in plain PyTorch from their definitions (the course's oracle and masks), never
+by a copy of the solution. This module imports no Triton when it loads (every notebook's `check` and the grader
+load all chapters); the two exercises whose reference is the package's own decode kernel import it lazily.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attncourse.mha import repeat_kv
+from attncourse.sdpa import safe_softmax, scaled_dot_product_attention
+from . import Case, exercise
+
+_NEG_INF = float("-inf")
+
+
+def _triton_decode():
+    """attncourse.triton_decode, with the interpreter switched on first where there is no GPU."""
+    from attncourse import triton_common
+
+    if not torch.cuda.is_available():
+        triton_common.enable_interpreter()
+    from attncourse import triton_decode
+
+    return triton_decode
+
+
+# ----------------------------------------------------------------------------- 1. the online update, lse form
+
+
+def _attention_state(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention with these scores (R, C) over these values (C, D), in float64: the definition."""
+    scores, values = scores.double(), values.double()
+    out = safe_softmax(scores) @ values  # (R, C) @ (C, D) -> (R, D); zeros on rows with no finite score
+    return out, torch.logsumexp(scores, dim=-1)  # -inf on those rows
+
+
+def _shortcut_online_update(out, lse, s, v):
+    """Chapter 08's library update on the state (m, l, acc) = (lse, 1, out): must be refused."""
+    from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
+
+    state = AttentionState(lse, torch.isfinite(lse).to(out.dtype), out)
+    return finalize_attention_state(online_attention_update(state, s, v))
+
+
+@exercise("10-online-update", "lse_update", points=3, category="implement",
+          forbid=("torch.exp", "torch.logsumexp", "torch.logaddexp", "torch.softmax", "torch.nn.functional.softmax",
+                  "attncourse.sdpa.safe_softmax", "attncourse.online_softmax.online_attention_update",
+                  "attncourse.online_softmax.merge_attention_states",
+                  "attncourse.online_softmax.finalize_attention_state"),
+          shortcuts=(_shortcut_online_update,),
+          hint="the old state and the new block are log-sum-exps over two disjoint sets of keys: bring both to one "
+               "reference (the larger) before adding them, and weight the old output by its share. A row whose "
+               "reference is -inf has seen no key anywhere and must stay (0, -inf): never compute -inf - (-inf)")
+def _online_update_cases():
+    """In Triton: fold a block of scores into a normalised (out, lse) state."""
+    gen = torch.Generator().manual_seed(10)
+    cases = []
+    for name, (rows, seen, new, d, edit) in {
+        "first block: nothing seen yet (lse = -inf)": (5, 0, 7, 3, None),
+        "second block with larger scores": (6, 9, 5, 4, "larger"),
+        "rows whose new scores are all -inf (masked)": (6, 9, 5, 4, "masked"),
+        "a row that has seen no key and sees none now": (6, 4, 5, 4, "empty"),
+        "20 rows (two programs), 33 keys, head dim 5": (20, 11, 33, 5, None),
+        "large scores (x 50): no overflow": (4, 6, 6, 3, "large"),
+    }.items():
+        s0 = torch.randn(rows, seen, generator=gen)  # (R, C0) scores already folded into the state
+        s1 = torch.randn(rows, new, generator=gen)  # (R, C1) this block's scores
+        v0, v1 = torch.randn(seen, d, generator=gen), torch.randn(new, d, generator=gen)
+        if edit == "larger":
+            s1 = s1 + 3.0  # the max moves up: the old output must be down-weighted
+        elif edit in ("masked", "empty"):
+            s1[1] = _NEG_INF
+            s1[2, ::2] = _NEG_INF
+            if edit == "empty":
+                s0[1] = _NEG_INF  # row 1: nothing before, nothing now
+        elif edit == "large":
+            s0, s1 = s0 * 50, s1 * 50
+        out0, lse0 = _attention_state(s0, v0) if seen else (torch.zeros(rows, d, dtype=torch.float64),
+                                                           torch.full((rows,), _NEG_INF, dtype=torch.float64))
+        expected = _attention_state(torch.cat([s0, s1], 1), torch.cat([v0, v1]))  # attention over all keys seen
+        cases.append(Case(name, (out0.float(), lse0.float(), s1, v1), expected=tuple(e.float() for e in expected),
+                          rtol=1e-5, atol=1e-5))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 2. the backward's query range
+
+
+def _allowed(t_q: int, t_k: int, causal_align: str, window: int | None) -> torch.Tensor:
+    """(Tq, Tk) causal mask, aligned and windowed: query i at position p = i + offset sees p - W < j <= p."""
+    offset = t_k - t_q if causal_align == "bottom_right" else 0
+    pos = torch.arange(t_q)[:, None] + offset  # (Tq, 1)
+    j = torch.arange(t_k)[None, :]  # (1, Tk)
+    keep = j <= pos
+    return keep & (j > pos - window) if window is not None else keep
+
+
+def _query_blocks_needed(t_q, t_k, block_q, block_k, causal_align, window) -> torch.Tensor:
+    """(key blocks, query blocks): True where the tile holds at least one allowed (query, key) pair."""
+    n_qb, n_kb = math.ceil(t_q / block_q), math.ceil(t_k / block_k)
+    padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
+    padded[:t_q, :t_k] = _allowed(t_q, t_k, causal_align, window)
+    return padded.reshape(n_qb, block_q, n_kb, block_k).any(3).any(1).T.contiguous()  # (KB, QB)
+
+
+def _shortcut_query_blocks(t_q, t_k, block_q, block_k, causal_align, window):
+    """Materialise the mask with the course's mask functions and reduce it per tile: must be refused."""
+    from attncourse import masks
+
+    offset = t_k - t_q if causal_align == "bottom_right" else 0
+    w = window if window is not None else t_k + t_q
+    mask = masks.materialize(lambda b, h, i, j: (j <= i + offset) & (j > i + offset - w), t_q, t_k)
+    n_qb, n_kb = -(-t_q // block_q), -(-t_k // block_k)
+    padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
+    padded[:t_q, :t_k] = mask.reshape(t_q, t_k)
+    return padded.reshape(n_qb, block_q, n_kb, block_k).any(3).any(1).T
+
+
+@exercise("10-causal-blocks", "query_blocks", points=2, category="implement",
+          forbid=("attncourse.masks.materialize", "attncourse.masks.materialize_at", "attncourse.sdpa.causal_mask",
+                  "attncourse.flash.causal_tile_map", "torch.tril", "torch.triu"),
+          shortcuts=(_shortcut_query_blocks,),
+          hint="ask two questions about a query at aligned position p: from which p on does it see the block's "
+               "first key, and up to which p does its window still reach the block's last key? Turn both positions "
+               "into row indices, keep them inside [0, Tq] (clamp before dividing: negative integer division "
+               "rounds differently on a GPU and in NumPy), and start the loop on a query-block boundary")
+def _causal_blocks_cases():
+    """In Triton: which query blocks the backward's dK/dV program for each key block must visit."""
+    cases = []
+    for name, args in {
+        "causal, top-left, T = 100, blocks 32 x 16": (100, 100, 32, 16, "top_left", None),
+        "bottom-right, Tq = 40 < Tk = 100": (40, 100, 16, 32, "bottom_right", None),
+        "bottom-right, Tq = 100 > Tk = 40 (early rows see nothing)": (100, 40, 16, 16, "bottom_right", None),
+        "window 1 (each query sees itself)": (64, 64, 16, 16, "top_left", 1),
+        "window 20 across tiles, T = 100": (100, 100, 16, 32, "top_left", 20),
+        "window 33, bottom-right, Tq = 48, Tk = 100": (48, 100, 16, 16, "bottom_right", 33),
+        "window larger than the keys": (30, 30, 16, 16, "top_left", 1000),
+        "top-left, Tq = 70 > Tk = 20, window 5 (late rows see nothing)": (70, 20, 16, 16, "top_left", 5),
+        "T = 1": (1, 1, 16, 16, "bottom_right", 1),
+    }.items():
+        cases.append(Case(name, args, expected=_query_blocks_needed(*args), compare="equal"))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 3. find the bug
+
+
+def _shortcut_decode(query, key, value):
+    """PyTorch's fused attention on K and V repeated per query head: must be refused."""
+    import torch.nn.functional as F
+
+    n_rep = query.shape[1] // key.shape[1]
+    return F.scaled_dot_product_attention(query, key.repeat_interleave(n_rep, 1), value.repeat_interleave(n_rep, 1))
+
+
+def _shortcut_decode_package(query, key, value):
+    """The package's own decode kernel: must be refused."""
+    return _triton_decode().triton_flash_decode(query, key, value)
+
+
+@exercise("10-decode-bug", "decode_fixed", points=2, category="bug",
+          forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
+                  "attncourse.gqa.grouped_attention", "attncourse.mha.repeat_kv", "torch.repeat_interleave",
+                  "attncourse.triton_decode.triton_flash_decode", "attncourse.triton_decode.split_kv_partials",
+                  "attncourse.triton_flash.triton_flash_attention",
+                  "attncourse.triton_flash.triton_flash_attention_forward"),
+          shortcuts=(_shortcut_decode, _shortcut_decode_package),
+          bug_words=("modulo", "remainder", "% H_KV", "% n_kv", "interleave"),
+          hint="run it with more query heads than KV heads (8 over 2, 6 over 3) and compare each query head with the "
+               "oracle: which heads come out wrong, and which KV head did each of them read? Chapter 05 fixed which "
+               "query heads share a KV head")
+def _decode_bug_cases():
+    """Find and fix the bug in a one-token decode kernel."""
+    gen = torch.Generator().manual_seed(12)
+    cases = []
+    for name, (b, h, h_kv, t_k, d) in {
+        "MHA: 4 query heads, 4 KV heads": (1, 4, 4, 21, 16),
+        "GQA: 8 query heads over 2 KV heads": (1, 8, 2, 24, 16),
+        "GQA: 6 query heads over 3 KV heads, batch 2": (2, 6, 3, 17, 8),
+        "MQA: 4 query heads over 1 KV head": (1, 4, 1, 20, 16),
+        "GQA: 4 over 2, one key": (1, 4, 2, 1, 16),
+    }.items():
+        q = torch.randn(b, h, 1, d, generator=gen)
+        k, v = (torch.randn(b, h_kv, t_k, d, generator=gen) for _ in range(2))
+        expected = scaled_dot_product_attention(q, repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv))
+        cases.append(Case(name, (q, k, v), expected=expected, rtol=1e-5, atol=2e-5))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 4. predict
+
+
+DECODE_QUESTION = dict(batch=2, heads=64, kv_heads=8, k_len=8192, head_dim=128, num_splits=16)
+DECODE_PARTS = ("programs, one per query head", "programs, one per KV head", "K and V bytes, one per query head",
+                "K and V bytes, one per KV head", "programs, one per KV head and split",
+                "keys per program, with splits")
+
+
+@exercise("10-predict-decode", "decode_prediction", kind="value", points=2, category="predict", parts=DECODE_PARTS,
+          hint="one program per query head reads its KV head's whole cache, so a KV head is read once per query "
+               "head of its group; one program per KV head reads it once. Bytes: K and V, every cached position, "
+               "every head dim, 2 bytes each, times the number of readers. Splitting multiplies the programs and "
+               "divides the keys each one streams")
+def _predict_decode_cases():
+    """Predict the programs and the K/V bytes of one decode step (B=2, H=64, Hkv=8, Tk=8192, D=128, fp16)."""
+    td = _triton_decode()
+    q = DECODE_QUESTION
+    args = (q["batch"], q["heads"], q["kv_heads"], q["k_len"], q["head_dim"])
+    plain, packed = td.decode_work(*args, pack_gqa=False), td.decode_work(*args)
+    split = td.decode_work(*args, num_splits=q["num_splits"])
+    expected = (plain["programs"], packed["programs"], plain["kv_bytes"], packed["kv_bytes"], split["programs"],
+                split["keys_per_program"])
+    return [Case("B=2, H=64, Hkv=8, Tk=8192, D=128, float16, 16 splits", expected=expected, compare="equal")]
+
+
+# ----------------------------------------------------------------------------- 5. experiment
+
+
+SPLIT_EXPERIMENT = dict(batch=1, heads=4, kv_heads=1, k_len=128, head_dim=32, splits=(1, 4, 16))
+
+
+def split_errors_reference(seed: int) -> torch.Tensor:
+    """Max |decode - oracle| (oracle in float64) for each number of splits, on the seeded float16 inputs."""
+    td, e = _triton_decode(), SPLIT_EXPERIMENT
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(e["batch"], e["heads"], 1, e["head_dim"], generator=gen).half()
+    k = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen).half()
+    v = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen).half()
+    n_rep = e["heads"] // e["kv_heads"]
+    exact = scaled_dot_product_attention(q.double(), repeat_kv(k, n_rep).double(), repeat_kv(v, n_rep).double())
+    return torch.tensor([(td.triton_flash_decode(q, k, v, num_splits=s).double() - exact).abs().max().item()
+                         for s in e["splits"]], dtype=torch.float64)
+
+
+@exercise("10-split-experiment", "split_errors", points=2, category="experiment",
+          hint="draw q, then k, then v from one generator seeded with `seed`, in float16, with the shapes given; "
+               "compare each decode with the oracle in float64 over K and V repeated per query head, and keep the "
+               "largest absolute difference for each number of splits")
+def _split_experiment_cases():
+    """Does splitting the keys cost accuracy? Float16 decode error against the number of splits, per seed."""
+    return [Case(f"seed {seed}", (seed,), expected=split_errors_reference(seed), rtol=1e-2, atol=1e-7)
+            for seed in (0, 1, 2)]

@@ -1,0 +1,115 @@
+"""Grade one notebook: run it in its own kernel (check cells excepted), then every exercise of its chapter."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from .. import checks
+from ..nbtools import kernel_manager
+from .hidden import hidden_tests
+from .remote import KERNEL_SIDE
+from .results import (MAX_NOTEBOOK_BYTES, SOLUTIONS, ExerciseResult, NotebookResult, chapter_in_text,
+                      chapter_of)
+from .session import KernelStuck, Session, execute, is_check_cell, make_client, run_extra, running
+
+LOUD_BYTES = 1_000_000  # printed output above this is mentioned in the notebook's message
+
+
+def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *,
+                   solutions: Path | None = SOLUTIONS, student: str = "", chapter: str | None = None) -> NotebookResult:
+    """Grade one notebook; never raises for anything the notebook does.
+
+    `chapter` ("03") overrides the chapter found in the notebook's metadata, cells or file name."""
+    from nbclient.exceptions import DeadKernelError
+
+    start = time.perf_counter()
+    path = Path(path)
+    nb, problem = None, ""
+    try:
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            problem = f"the notebook file is too large to grade ({size / 1e6:.0f} MB > {MAX_NOTEBOOK_BYTES / 1e6:.0f} MB)"
+        else:
+            nb = nbformat.read(path, as_version=4)
+            nbformat.validate(nb)
+    except Exception as err:
+        nb, problem = None, f"not a readable notebook ({type(err).__name__}: {str(err)[:200]})"
+    chapter = chapter or chapter_of(path, nb) or (chapter_in_text(path) if nb is None else None)
+    exercises = checks.exercises_for(chapter) if chapter else []
+    result = NotebookResult(str(path), 0.0, float(sum(ex.points for ex in exercises)), student=student or path.stem)
+    if not exercises:
+        result.message = problem or "no exercises found: chapter unknown (name the file NN_topic.ipynb)"
+        return result
+
+    def all_as(status: str, message: str) -> NotebookResult:
+        result.exercises = [ExerciseResult(ex.id, 0.0, ex.points, status, message) for ex in exercises]
+        result.message, result.seconds = message, time.perf_counter() - start
+        return result
+
+    if nb is None:
+        return all_as("error", problem)
+    if not any(c.cell_type == "code" and c.source.strip() for c in nb.cells):
+        return all_as("missing", "the notebook has no code")
+    hidden = hidden_tests(chapter, Path(solutions) if solutions is not None else None)
+
+    with tempfile.TemporaryDirectory(prefix="attncourse-grade-") as tmp:
+        km = kernel_manager()
+        client = make_client(nb, cell_timeout, km, tmp)
+        notes = []
+        with running(client, km):
+            deadline = time.monotonic() + timeout
+            session = Session(client, Path(tmp), cell_timeout, deadline)
+            try:
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type != "code" or is_check_cell(cell):
+                        continue  # the grader runs its own checks, not the submission's check cells
+                    if time.monotonic() > deadline:
+                        notes.append(f"notebook time limit ({timeout:g} s) reached at cell {index}; later cells not run")
+                        break
+                    limit = session.limit()
+                    if not execute(client, cell, index, limit):
+                        notes.append(f"cell {index} exceeded {limit:g} s and was interrupted")
+                    cell.outputs = []
+                run_extra(client, KERNEL_SIDE, cell_timeout)
+                for ex in exercises:
+                    result.exercises.append(session.grade(ex, hidden.get(ex.id, ())))
+            except (DeadKernelError, KernelStuck) as err:
+                done = {e.id for e in result.exercises}
+                status = "timeout" if isinstance(err, KernelStuck) else "error"
+                why = "the kernel ignored an interrupt and was stopped" if status == "timeout" else "the kernel died"
+                result.exercises += [ExerciseResult(ex.id, 0.0, ex.points, status, why)
+                                     for ex in exercises if ex.id not in done]
+                notes.append(why)
+        if client.printed > LOUD_BYTES:
+            notes.append(f"the notebook printed {client.printed / 1e6:.1f} MB of output (discarded)")
+    result.score = float(sum(e.points for e in result.exercises))
+    result.message = "; ".join(notes)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def grade_safely(path: Path, cell_timeout: float = 60, timeout: float = 600, *, solutions: Path | None = SOLUTIONS,
+                 student: str = "", chapter: str | None = None) -> NotebookResult:
+    """`grade_notebook`, but a failure of the grader itself is reported as the notebook's result."""
+    try:
+        return grade_notebook(path, cell_timeout, timeout, solutions=solutions, student=student, chapter=chapter)
+    except Exception as err:  # never let one submission stop the class
+        return grader_failure(path, student, f"the grader failed on this notebook ({type(err).__name__}: {str(err)[:300]})",
+                              chapter)
+
+
+def grader_failure(path: Path, student: str, message: str, chapter: str | None = None) -> NotebookResult:
+    """Every exercise of the notebook's chapter as an error with `message` (the grader could not grade it)."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception:
+        nb = None
+    chapter = chapter or chapter_of(Path(path), nb) or chapter_in_text(Path(path))
+    exercises = checks.exercises_for(chapter) if chapter else []
+    return NotebookResult(str(path), 0.0, float(sum(e.points for e in exercises)),
+                          [ExerciseResult(e.id, 0.0, e.points, "error", message) for e in exercises],
+                          message, 0.0, student or Path(path).stem)

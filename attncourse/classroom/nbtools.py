@@ -1,0 +1,235 @@
+"""Maintainer commands for the notebooks.
+
+    python -m attncourse.nbtools exercises          # regenerate exercises/ from solutions/
+    python -m attncourse.nbtools execute [PATH...]  # re-run notebooks in place, in fresh kernels
+    python -m attncourse.nbtools refresh            # execute notebooks/ and solutions/, then exercises
+
+`solutions/` is the single source of the exercise notebooks. Solution code sits between
+``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markup) and becomes a stub that raises
+``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+CODE_STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
+MARKDOWN_STUB = ["YOUR ANSWER HERE"]
+
+
+def _strip_region(lines: list[str], begin: str, end: str, stub: list[str] | None, where: str) -> list[str]:
+    out, inside = [], False
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped == begin:
+            if inside:
+                raise ValueError(f"{where}: line {number}: nested {begin!r}")
+            inside = True
+            if stub is not None:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.extend(indent + s for s in stub)
+        elif stripped == end:
+            if not inside:
+                raise ValueError(f"{where}: line {number}: {end!r} without {begin!r}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{where}: {begin!r} is never closed")
+    return out
+
+
+def student_source(source: str, cell_type: str, where: str = "cell") -> str:
+    """The student version of one cell's source: solutions stubbed, hidden tests removed."""
+    lines = source.split("\n")
+    stub = CODE_STUB if cell_type == "code" else MARKDOWN_STUB
+    lines = _strip_region(lines, BEGIN_SOLUTION, END_SOLUTION, stub, where)
+    lines = _strip_region(lines, BEGIN_HIDDEN, END_HIDDEN, None, where)
+    return "\n".join(lines)
+
+
+def make_exercise(nb: nbformat.NotebookNode, where: str = "notebook") -> nbformat.NotebookNode:
+    """A copy of solution notebook `nb` with solutions stubbed and all outputs cleared."""
+    nb = copy.deepcopy(nb)
+    for index, cell in enumerate(nb.cells):
+        cell.source = student_source(cell.source, cell.cell_type, f"{where} cell {index}")
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    nb.metadata.setdefault("attncourse", {})["generated_from"] = "solutions/ (do not edit by hand)"
+    return nb
+
+
+def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]:
+    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed."""
+    changed = []
+    (root / "exercises").mkdir(exist_ok=True)
+    sources = sorted((root / "solutions").glob("*.ipynb"))
+    for src in sources:
+        want = nbformat.writes(make_exercise(nbformat.read(src, as_version=4), src.name)) + "\n"
+        dst = root / "exercises" / src.name
+        if not dst.exists() or dst.read_text(encoding="utf-8") != want:
+            changed.append(dst.name)
+            if not check_only:
+                dst.write_text(want, encoding="utf-8")
+    stale = {p.name for p in (root / "exercises").glob("*.ipynb")} - {p.name for p in sources}
+    for name in sorted(stale):
+        changed.append(name)
+        if not check_only:
+            (root / "exercises" / name).unlink()
+    return changed
+
+
+# ----------------------------------------------------------------------------- authoring
+# Builders for the cells every chapter uses, so nbgrader metadata is identical everywhere.
+
+
+def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def md(text: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_markdown_cell(text.strip("\n"))
+
+
+def code(source: str, *, tags: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    """A code cell; tag "nbval-ignore-output" where the output depends on the machine."""
+    cell = nbformat.v4.new_code_cell(source.strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def solution(source: str, exercise_id: str) -> nbformat.NotebookNode:
+    """The learner's cell: `source` holds ### BEGIN SOLUTION ... ### END SOLUTION."""
+    if BEGIN_SOLUTION not in source:
+        raise ValueError(f"solution cell for {exercise_id} has no {BEGIN_SOLUTION!r}")
+    cell = code(source)
+    cell.metadata.update(_nbgrader(f"{exercise_id}-answer", grade=False, solution=True, locked=False))
+    return cell
+
+
+def check_cell(exercise_id: str, points: float, extra: str = "") -> nbformat.NotebookNode:
+    """The read-only check cell nbgrader grades: calls attncourse.check on the exercise."""
+    cell = code(f'check("{exercise_id}")' + (f"\n{extra}" if extra else ""))
+    cell.metadata.update(_nbgrader(exercise_id, grade=True, solution=False, locked=True, points=points))
+    return cell
+
+
+def written_answer(text: str, grade_id: str, points: float) -> nbformat.NotebookNode:
+    """A markdown answer graded by hand (nbgrader "manually graded answer")."""
+    if BEGIN_SOLUTION not in text:
+        raise ValueError(f"written answer {grade_id} has no {BEGIN_SOLUTION!r}")
+    cell = md(text)
+    cell.metadata.update(_nbgrader(grade_id, grade=True, solution=True, locked=False, points=points))
+    return cell
+
+
+def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata.language_info = {"name": "python"}
+    nb.metadata.attncourse = {"chapter": chapter}
+    return nb
+
+
+def kernel_manager():
+    """An async kernel manager (what nbclient needs for its timeouts to work) that starts ipykernel with
+    *this* interpreter, whatever kernelspecs are installed."""
+    import os
+
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    # Figures must be drawn inline (they are part of the stored outputs nbval compares): a backend
+    # such as MPLBACKEND=Agg inherited from a CI environment would make every plot cell output nothing.
+    if "inline" not in os.environ.get("MPLBACKEND", "inline"):
+        os.environ.pop("MPLBACKEND")
+
+    class CurrentEnvSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                              display_name="Python 3", language="python")
+
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
+
+
+def shutdown(km) -> None:
+    """Stop a kernel started by `kernel_manager` (nbclient leaves kernels it did not create running)."""
+    from jupyter_core.utils import run_sync
+
+    try:
+        if run_sync(km.is_alive)():
+            run_sync(km.shutdown_kernel)(now=True)
+    except Exception:  # already gone
+        pass
+
+
+def run_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 300, allow_errors: bool = False) -> None:
+    """Execute `nb` in place in a fresh kernel started in `cwd`, and stop the kernel afterwards."""
+    from nbclient import NotebookClient
+
+    km = kernel_manager()
+    try:
+        NotebookClient(nb, timeout=timeout, allow_errors=allow_errors, kernel_name="python3", km=km,
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        shutdown(km)
+
+
+def execute(path: Path, timeout: int = 300) -> float:
+    """Execute one notebook in place in a fresh kernel (cwd = its folder); return seconds taken."""
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    run_notebook(nb, path.parent, timeout)
+    elapsed = time.perf_counter() - start
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attncourse.nbtools", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
+    ex.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
+    run = sub.add_parser("execute", help="execute notebooks in place in fresh kernels")
+    run.add_argument("paths", nargs="*", type=Path)
+    sub.add_parser("refresh", help="execute notebooks/ and solutions/, then regenerate exercises/")
+    args = parser.parse_args(argv)
+
+    if args.command == "exercises":
+        changed = generate_exercises(check_only=args.check)
+        verb = "out of date" if args.check else "written"
+        print(f"{len(changed)} exercise notebook(s) {verb}: {', '.join(changed) or '-'}")
+        return 1 if args.check and changed else 0
+    paths = getattr(args, "paths", None) or sorted(
+        [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
+    for path in paths:
+        print(f"{path.relative_to(ROOT) if path.is_absolute() else path}: ", end="", flush=True)
+        print(f"{execute(Path(path).resolve()):.1f} s", flush=True)
+    if args.command == "refresh":
+        changed = generate_exercises()
+        print(f"{len(changed)} exercise notebook(s) written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
