@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = getattr(args, "paths", None) or sorted(
         [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
     for path in paths:
-        print(f"{path.relative_to(ROOT) if path.is_absolute() else path}: ", end="", flush=True)
+        shown = path.relative_to(ROOT) if path.is_absolute() and path.is_relative_to(ROOT) else path
+        print(f"{shown}: ", end="", flush=True)
         print(f"{execute(Path(path).resolve()):.1f} s", flush=True)
     if args.command == "refresh":
         changed = generate_exercises()
