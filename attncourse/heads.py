@@ -354,3 +354,4 @@ def planted_induction_model(vocab_size: int, seg_len: int, *, generator: torch.G
             a.o_proj.weight[write + ids, ids] = 1.0
             a.o_proj.weight[prev:cop + n_vocab, width:] = 0.0  # the random heads leave the circuit's slots alone
     return model.eval()
+
