@@ -43,14 +43,14 @@ def _sigmoid():
 
 
 def _shortcut_diff(q, k, v, lam, is_causal=False):
-    d = q.shape[-1] // 2
-    return differential_attention(q[..., :d], k[..., :d], q[..., d:], k[..., d:], v, lam, is_causal=is_causal)
+    (q1, q2), (k1, k2) = q.chunk(2, dim=-1), k.chunk(2, dim=-1)
+    return differential_attention(q1, k1, q2, k2, v, lam, is_causal=is_causal)
 
 
 def _shortcut_diff_sdpa(q, k, v, lam, is_causal=False):
-    d = q.shape[-1] // 2
-    a = F.scaled_dot_product_attention(q[..., :d], k[..., :d], v, is_causal=is_causal)
-    return a - lam * F.scaled_dot_product_attention(q[..., d:], k[..., d:], v, is_causal=is_causal)
+    (q1, q2), (k1, k2) = q.chunk(2, dim=-1), k.chunk(2, dim=-1)
+    a = F.scaled_dot_product_attention(q1, k1, v, is_causal=is_causal)
+    return a - lam * F.scaled_dot_product_attention(q2, k2, v, is_causal=is_causal)
 
 
 @exercise("12-diff-attention", "diff_attn", points=3, category="implement",
