@@ -14,6 +14,8 @@ its mass somewhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -208,3 +210,148 @@ def attention_maps(model: nn.Module, *args, **kwargs) -> list[torch.Tensor]:
         raise ValueError(f"{type(model).__name__} returned no attention weights: its attention modules must be "
                          "called with return_weights=True")
     return maps
+
+
+# ----------------------------------------------------------------------------- causal role: ablation and copying
+
+
+def _head_width(model: AttnOnlyTransformer) -> int:
+    return model.config.d_model // model.config.n_heads  # MHA: head_dim; differential: 2d per head
+
+
+def _check_head(model: nn.Module, layer: int, head: int) -> None:
+    if not isinstance(model, AttnOnlyTransformer):
+        raise TypeError(f"model must be an AttnOnlyTransformer, got {type(model).__name__}")
+    c = model.config
+    if not (isinstance(layer, int) and isinstance(head, int) and 0 <= layer < c.n_layers and 0 <= head < c.n_heads):
+        raise ValueError(f"(layer, head) must be ints in [0, {c.n_layers}) x [0, {c.n_heads}), got ({layer!r}, {head!r})")
+
+
+@contextmanager
+def ablate_heads(model: AttnOnlyTransformer, heads: Iterable[tuple[int, int]]) -> Iterator[None]:
+    """Zero-ablate heads of `model` inside a ``with`` block: each (layer, head) (0-based) adds nothing to the
+    residual stream.
+
+    A forward pre-hook on the layer's output projection zeroes the head's slice of its input (the merged heads
+    (B, T, H * width)); the attention maps are still computed, only the head's output is removed.
+    """
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        _check_head(model, layer, head)
+        by_layer.setdefault(layer, []).append(head)
+    width = _head_width(model)
+
+    def make_hook(hs: list[int]):
+        def hook(module, args):
+            x = args[0].clone()  # (B, T, H * width)
+            for h in hs:
+                x[..., h * width:(h + 1) * width] = 0
+            return (x, *args[1:])
+        return hook
+
+    handles = [model.attns[layer].o_proj.register_forward_pre_hook(make_hook(hs)) for layer, hs in by_layer.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def repeated_half_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss on the second copy of :func:`repeated_tokens` (B, 2L): predictions of tokens
+    L + 1 .. 2L - 1, the ones an induction head can copy. A 0-dim tensor."""
+    _validate.tensor("tokens", tokens, min_rank=2)
+    if tokens.dim() != 2 or tokens.shape[1] % 2 or tokens.shape[1] < 4:
+        raise ValueError(f"tokens must be (B, 2L) with L >= 2, got shape {tuple(tokens.shape)}")
+    return token_losses(model, tokens)[:, tokens.shape[1] // 2:].mean()  # (B, 2L - 1) -> ()
+
+
+@torch.no_grad()
+def ablation_effects(model: AttnOnlyTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """(layers, H): how much the repeated-half loss rises when each head alone is zero-ablated."""
+    c = model.config
+    base = repeated_half_loss(model, tokens)
+    out = torch.zeros(c.n_layers, c.n_heads)
+    for layer in range(c.n_layers):
+        for head in range(c.n_heads):
+            with ablate_heads(model, [(layer, head)]):
+                out[layer, head] = repeated_half_loss(model, tokens) - base
+    return out
+
+
+@torch.no_grad()
+def ov_logits(model: AttnOnlyTransformer, layer: int, head: int) -> torch.Tensor:
+    """(V, V): row a holds the logits one head adds when it attends entirely to a token a: the OV circuit
+    W_U W_O W_V W_E of Elhage et al. (2021), here with the layer's LayerNorm on the input (token embedding plus
+    the mean position embedding), the differential head's own norm, and the final LayerNorm without its
+    per-row scale and bias (which shift or scale a row's logits but do not reorder them)."""
+    _check_head(model, layer, head)
+    attn, width = model.attns[layer], _head_width(model)
+    x = model.norms[layer](model.tok.weight + model.pos.weight.mean(0))  # (V, d_model)
+    v = attn.v_proj(x)[:, head * width:(head + 1) * width]  # (V, width): the head's value of each token
+    if isinstance(attn, DifferentialAttention):
+        v = attn.subln(v) * (1.0 - attn.lambda_init)
+    o = v @ attn.o_proj.weight[:, head * width:(head + 1) * width].T  # (V, width) @ (width, d) -> (V, d)
+    if isinstance(model.norm, nn.LayerNorm):
+        o = (o - o.mean(-1, keepdim=True)) * model.norm.weight  # centred, with the gain
+    return o @ model.head.weight.T  # (V, d) @ (d, V) -> (V, V)
+
+
+def copying_scores(model: AttnOnlyTransformer) -> torch.Tensor:
+    """(layers, H): for each head, the share of tokens a whose own logit is the largest in the head's OV
+    row a (:func:`ov_logits`): 1 for a head that copies whatever it attends to, about 1/V by chance."""
+    c = model.config
+    out = torch.zeros(c.n_layers, c.n_heads)
+    for layer in range(c.n_layers):
+        for head in range(c.n_heads):
+            m = ov_logits(model, layer, head)  # (V, V)
+            out[layer, head] = (m.argmax(-1) == torch.arange(m.shape[0])).float().mean()
+    return out
+
+
+def planted_induction_model(vocab_size: int, seg_len: int, *, generator: torch.Generator | None = None,
+                            noise: float = 0.1) -> AttnOnlyTransformer:
+    """A 2-layer, 2-head attention-only model (no LayerNorm) whose weights are set by hand to an induction
+    circuit: head (0, 0) is a previous-token head, head (1, 0) an induction head reading what it wrote; heads
+    (0, 1) and (1, 1) are random (N(0, noise^2) weights drawn from `generator`), doing something useless.
+
+    Residual stream: [token one-hot | position one-hot | previous token | copied token]. A known answer for
+    ablation and copying tools: on :func:`repeated_tokens` of length 2 seg_len, removing either circuit head
+    sends the repeated-half loss towards ln V, removing a random head barely moves it.
+    """
+    for name, v in (("vocab_size", vocab_size), ("seg_len", seg_len)):
+        _validate.positive_int(name, v)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
+        raise ValueError(f"noise must be a float >= 0, got {noise!r}")
+    n_vocab, t = vocab_size, 2 * seg_len
+    tok, pos, prev, cop = 0, n_vocab, n_vocab + t, 2 * n_vocab + t  # slot offsets in the residual stream
+    d_model = max(3 * n_vocab + t, 2 * max(n_vocab, t))
+    d_model += d_model % 2
+    width = d_model // 2
+    model = AttnOnlyTransformer(AttnOnlyConfig(n_vocab, block_size=t, d_model=d_model, n_heads=2, norm=False))
+    sharp = 12.0 * width ** 0.5  # scores of 12 after the 1/sqrt(width) scale: one key takes ~all the weight
+    ids, ps = torch.arange(n_vocab), torch.arange(t)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * noise)
+        for p in (model.tok.weight, model.pos.weight, model.head.weight):
+            p.zero_()
+        model.tok.weight[ids, tok + ids] = 1.0
+        model.pos.weight[ps, pos + ps] = 1.0
+        model.head.weight[ids, cop + ids] = 10.0  # the unembedding reads the copied-token slot
+        for layer, (q_from, k_from, write) in enumerate(((pos, None, prev), (tok, prev, cop))):
+            a = model.attns[layer]
+            for w in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight):
+                w[:width].zero_()
+            a.o_proj.weight[:, :width].zero_()
+            if layer == 0:  # query t matches key t - 1: key j carries position j + 1
+                a.q_proj.weight[ps, pos + ps] = sharp
+                a.k_proj.weight[ps[1:], pos + ps[:-1]] = 1.0
+            else:  # query: the current token; key: the token before it (written by head (0, 0))
+                a.q_proj.weight[ids, q_from + ids] = sharp
+                a.k_proj.weight[ids, k_from + ids] = 1.0
+            a.v_proj.weight[ids, tok + ids] = 1.0  # value: the key's own token
+            a.o_proj.weight[write + ids, ids] = 1.0
+            a.o_proj.weight[prev:cop + n_vocab, width:] = 0.0  # the random heads leave the circuit's slots alone
+    return model.eval()
+

@@ -21,8 +21,9 @@ for layer l = 1, 2, ..., and each head's output normalised by RMSNorm and scaled
 Queries and keys have head dim d = d_model / (2H); values 2d, so H differential heads cost what 2H
 standard heads of dim d cost.
 
-Both compute attention themselves (through :func:`attncourse.scaled_dot_product_attention` for the softmax
-maps), never PyTorch's fused kernel.
+Both compute attention themselves (with :func:`attncourse.sdpa.apply_mask` and
+:func:`attncourse.sdpa.safe_softmax` for the masks and the softmax maps), never PyTorch's fused kernel, in float32
+for half-precision inputs (:func:`attncourse.sdpa.compute_dtype`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from torch import nn
 
 from . import _validate
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
-from .sdpa import _check_qkv, apply_mask, scaled_dot_product_attention
+from .sdpa import _check_qkv, apply_mask, compute_dtype, safe_softmax
 
 
 def sigmoid_attention(
@@ -61,7 +62,8 @@ def sigmoid_attention(
         return_weights: also return the weights (..., Tq, Tk).
 
     Returns:
-        out (..., Tq, Dv), and the weights if asked.
+        out (..., Tq, Dv), and the weights if asked, in the input dtype. Half-precision inputs are computed in
+        float32 (:func:`attncourse.sdpa.compute_dtype`) and rounded once at the end.
     """
     _check_qkv(query, key, value)
     k_len = key.shape[-2]
@@ -72,11 +74,16 @@ def sigmoid_attention(
     if isinstance(bias, bool) or not isinstance(bias, (int, float)):
         raise TypeError(f"bias must be a float or None, got {type(bias).__name__}")
 
-    scores = (query @ key.transpose(-2, -1)) * scale + bias  # (..., Tq, D) @ (..., D, Tk) -> (..., Tq, Tk)
+    # Scores and sigmoid in float32 at least (sdpa.compute_dtype), as the softmax path does: in half precision
+    # the rounding of q k^T (scores of size ~10 keep 3 decimal digits) and of the sigmoid would dominate.
+    work = compute_dtype(query.dtype)
+    scores = (query.to(work) @ key.to(work).transpose(-2, -1)) * scale + bias  # (..., Tq, D) @ (..., D, Tk)
+    # -> (..., Tq, Tk)
     scores = apply_mask(scores, attn_mask, is_causal=is_causal)
 
     weights = torch.sigmoid(scores)  # (..., Tq, Tk), each entry in [0, 1]; no sum over the row
-    out = weights @ value  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
+    out = weights @ value.to(work)  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv), accumulated in `work`
+    out, weights = out.to(value.dtype), weights.to(value.dtype)
     return (out, weights) if return_weights else out
 
 
@@ -139,22 +146,39 @@ def differential_attention(
 
     Returns:
         out (..., Tq, Dv), and the map if asked. With lam = 0 this is softmax attention of (q1, k1).
+
+    The two maps are subtracted first and multiply the values once, ``(A1 - lam A2) @ value`` (one value matmul
+    of Dv = 2d per head); ``A1 @ value - lam * (A2 @ value)``, two attention calls, gives the same result with
+    twice the value FLOPs. Scores, softmax and the value matmul run in float32 for half precision
+    (:func:`attncourse.sdpa.compute_dtype`), rounded once at the end.
     """
     _check_qkv(q2, k2, value)
     if q1.shape != q2.shape or k1.shape != k2.shape:
         raise ValueError(f"q1/q2 and k1/k2 must have equal shapes, got q1 {tuple(q1.shape)}, q2 {tuple(q2.shape)}, "
                          f"k1 {tuple(k1.shape)}, k2 {tuple(k2.shape)}")
+    if q1.dtype != q2.dtype or k1.dtype != k2.dtype:
+        raise TypeError(f"q1, k1, q2, k2 and value must share a dtype, got q1 {q1.dtype}, k1 {k1.dtype}, "
+                        f"q2 {q2.dtype}, k2 {k2.dtype}")
     if isinstance(lam, torch.Tensor):
         if lam.numel() != 1:
             raise ValueError(f"lam must be a scalar (one element), got shape {tuple(lam.shape)}")
         lam = lam.reshape(())
     elif isinstance(lam, bool) or not isinstance(lam, (int, float)):
         raise TypeError(f"lam must be a float or a one-element tensor, got {type(lam).__name__}")
-    kw = dict(is_causal=is_causal, scale=scale, return_weights=True)
-    out1, w1 = scaled_dot_product_attention(q1, k1, value, attn_mask, **kw)  # (..., Tq, Dv), (..., Tq, Tk)
-    out2, w2 = scaled_dot_product_attention(q2, k2, value, attn_mask, **kw)  # (..., Tq, Dv), (..., Tq, Tk)
-    out = out1 - lam * out2  # (A1 - lam A2) V = A1 V - lam A2 V: the difference is linear in V
-    return (out, w1 - lam * w2) if return_weights else out
+    if scale is None:
+        scale = 1.0 / math.sqrt(q1.shape[-1])
+    work = compute_dtype(value.dtype)  # float32 for half precision: the difference of two maps cancels digits
+
+    def softmax_map(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale  # (..., Tq, d) @ (..., d, Tk) -> (..., Tq, Tk)
+        return safe_softmax(apply_mask(scores, attn_mask, is_causal=is_causal))  # fully masked rows give zeros
+
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(work)
+    weights = softmax_map(q1, k1) - lam * softmax_map(q2, k2)  # (..., Tq, Tk): A1 - lam A2, entries may be < 0
+    out = weights @ value.to(work)  # ONE value matmul: (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
+    out, weights = out.to(value.dtype), weights.to(value.dtype)
+    return (out, weights) if return_weights else out
 
 
 class DifferentialAttention(nn.Module):

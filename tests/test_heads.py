@@ -134,3 +134,48 @@ def test_attention_maps_of_gpt_are_its_softmax_weights():
     assert torch.equal(maps[1].triu(1), torch.zeros_like(maps[1]))
     with pytest.raises(ValueError, match="no attention weights"):
         attention_maps(torch.nn.Linear(3, 3), torch.randn(2, 3))
+
+
+# ----------------------------------------------------------------------------- ablation and the OV circuit
+
+
+def test_planted_circuit_ablation_and_copying():
+    from attncourse.heads import ablate_heads, ablation_effects, copying_scores, planted_induction_model, \
+        repeated_half_loss
+
+    for seed in range(3):
+        model = planted_induction_model(32, 8, generator=torch.Generator().manual_seed(seed))
+        tokens = repeated_tokens(64, 8, 32, generator=torch.Generator().manual_seed(100 + seed))
+        with torch.no_grad():
+            base = repeated_half_loss(model, tokens)
+            _, maps = model(tokens, return_weights=True)
+        assert base < 1.0 and induction_scores(maps[1], 8).mean(0)[0] > 0.8
+        assert previous_token_scores(maps[0]).mean(0)[0] > 0.9
+        effects = ablation_effects(model, tokens)  # (2, 2)
+        assert effects[0, 0] > 1.5 and effects[1, 0] > 1.5  # both circuit heads are needed
+        assert effects[:, 1].abs().max() < 0.2  # the random heads are not
+        with torch.no_grad(), ablate_heads(model, [(0, 0), (1, 0)]):
+            both = repeated_half_loss(model, tokens)
+        assert both > base + 1.5
+        with torch.no_grad():
+            torch.testing.assert_close(repeated_half_loss(model, tokens), base)  # the hooks are gone
+        copying = copying_scores(model)
+        assert copying[1, 0] == 1.0 and copying[1, 1] < 0.5  # the induction head's OV copies every token
+
+
+def test_ablation_zeroes_exactly_one_head_slice():
+    from attncourse.heads import ATTENTIONS, ablate_heads
+
+    torch.manual_seed(0)
+    for attention in ATTENTIONS:
+        model = AttnOnlyTransformer(AttnOnlyConfig(11, block_size=8, d_model=16, n_heads=2, attention=attention))
+        tokens = torch.randint(0, 11, (2, 8))
+        seen = []
+        with torch.no_grad(), ablate_heads(model, [(1, 1)]):  # pre-hooks run in order: this one sees the result
+            handle = model.attns[1].o_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+            model(tokens)
+        handle.remove()
+        assert torch.equal(seen[0][..., 8:], torch.zeros_like(seen[0][..., 8:])) and seen[0][..., :8].abs().sum() > 0
+    with pytest.raises(ValueError, match="layer, head"):
+        with ablate_heads(model, [(2, 0)]):
+            pass

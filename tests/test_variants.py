@@ -250,3 +250,17 @@ def test_differential_bad_input():
         DifferentialAttention(16, 2)(torch.randn(2, 3, 8))
     with pytest.raises(TypeError, match="n_heads"):
         DifferentialAttention(16, 2.0)
+
+
+def test_differential_one_value_matmul_equals_two_attention_calls_and_masks_both_maps():
+    q1, q2, k1, k2, v = make((2, 3), 6, 6, 4, 8, seed=5, n_q=2, n_k=2)
+    for causal in (False, True):
+        two_calls = (F.scaled_dot_product_attention(q1, k1, v, is_causal=causal)
+                     - 0.7 * F.scaled_dot_product_attention(q2, k2, v, is_causal=causal))
+        out, w = differential_attention(q1, k1, q2, k2, v, 0.7, is_causal=causal, return_weights=True)
+        torch.testing.assert_close(out, two_calls, **TOL64)
+        torch.testing.assert_close(out, w @ v, **TOL64)  # the package multiplies the values once
+    none = torch.zeros(6, 6, dtype=torch.bool)  # fully masked rows: zeros, never NaN
+    assert torch.equal(differential_attention(q1, k1, q2, k2, v, 0.7, none), torch.zeros(2, 3, 6, 8, dtype=v.dtype))
+    with pytest.raises(TypeError, match="dtype"):
+        differential_attention(q1.float(), k1, q2, k2, v, 0.7)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+import math
 
-from attncourse.heads import induction_scores
+import torch
+import torch.nn.functional as F
+
+from attncourse.heads import ablation_effects, induction_scores, planted_induction_model, repeated_tokens
 from attncourse.variants import DifferentialAttention, diff_lambda_init, differential_attention, sigmoid_attention
 from attncourse.vit import patchify
 from . import Case, exercise
@@ -16,10 +19,16 @@ def _qkv(gen: torch.Generator, lead: tuple, tq: int, tk: int, d: int, dv: int, n
     return [*qs, *ks, torch.randn(*lead, tk, dv, generator=gen, dtype=torch.float64)]
 
 
-@exercise("12-sigmoid", "sigmoid_attn", points=2,
+def _shortcut_sigmoid(q, k, v, is_causal=False):
+    return sigmoid_attention(q, k, v, is_causal=is_causal)
+
+
+@exercise("12-sigmoid", "sigmoid_attn", points=2, category="implement",
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
-          hint="weights = torch.sigmoid(q @ k^T / sqrt(D) - log(Tk)), no normalisation over the row; with "
-               "is_causal, query i sees keys 0..i only: give the other keys weight exactly 0 (a score of -inf)")
+          shortcuts=(_shortcut_sigmoid,),
+          hint="each weight is the sigmoid of its own scaled score plus the bias the lesson derives, with no "
+               "normalisation over the row; with is_causal, a key after the query must get weight exactly 0, "
+               "which a score of minus infinity gives")
 def _sigmoid():
     """Sigmoid attention with the bias b = -log(Tk), optionally causal."""
     gen = torch.Generator().manual_seed(120)
@@ -33,27 +42,45 @@ def _sigmoid():
     return cases
 
 
-@exercise("12-diff-attention", "diff_attn", points=3,
-          forbid=("attncourse.differential_attention", "attncourse.variants.differential_attention"),
-          hint="two maps A1 = softmax(q1 k1^T / sqrt(d)) and A2 = softmax(q2 k2^T / sqrt(d)) over the keys "
-               "(last dim); the output is (A1 - lam * A2) @ v, with d the last dim of q1")
+def _shortcut_diff(q, k, v, lam, is_causal=False):
+    (q1, q2), (k1, k2) = q.chunk(2, dim=-1), k.chunk(2, dim=-1)
+    return differential_attention(q1, k1, q2, k2, v, lam, is_causal=is_causal)
+
+
+def _shortcut_diff_sdpa(q, k, v, lam, is_causal=False):
+    (q1, q2), (k1, k2) = q.chunk(2, dim=-1), k.chunk(2, dim=-1)
+    a = F.scaled_dot_product_attention(q1, k1, v, is_causal=is_causal)
+    return a - lam * F.scaled_dot_product_attention(q2, k2, v, is_causal=is_causal)
+
+
+@exercise("12-diff-attention", "diff_attn", points=3, category="implement",
+          forbid=("attncourse.differential_attention", "attncourse.variants.differential_attention",
+                  "attncourse.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
+                  "torch.nn.functional.scaled_dot_product_attention"),
+          shortcuts=(_shortcut_diff, _shortcut_diff_sdpa),
+          hint="the first half of the last dim of q and k makes the first map, the second half the second map; "
+               "the scale comes from the half width, not the packed one; subtract the maps before touching v "
+               "(one value matmul), and block future keys in both maps when asked")
 def _diff():
-    """Differential attention (A1 - lambda A2) V from two softmax maps."""
+    """Differential attention from packed queries and keys [q1 | q2], [k1 | k2], optionally causal."""
     gen = torch.Generator().manual_seed(121)
     cases = []
-    for lead, tq, tk, d, dv, lam in (((2, 2), 5, 5, 4, 8, 0.2), ((1, 3), 3, 7, 8, 16, 0.8), ((2,), 6, 4, 4, 8, 0.0),
-                                     ((1, 1), 1, 9, 2, 4, 0.5), ((2, 2), 8, 8, 8, 16, -0.3)):
-        q1, q2, k1, k2, v = _qkv(gen, lead, tq, tk, d, dv, n=2)
-        cases.append(Case(f"q1 {tuple(q1.shape)}, k1 {tuple(k1.shape)}, v {tuple(v.shape)}, lam={lam}",
-                          (q1, k1, q2, k2, v, lam), expected=differential_attention(q1, k1, q2, k2, v, lam),
-                          rtol=1e-7, atol=1e-9))
+    for lead, tq, tk, d, dv, lam, causal in (((2, 2), 5, 5, 4, 8, 0.2, False), ((1, 3), 3, 7, 8, 16, 0.8, False),
+                                             ((2,), 6, 6, 4, 8, 0.0, True), ((1, 1), 1, 9, 2, 4, 0.5, False),
+                                             ((2, 2), 8, 8, 8, 16, -0.3, True)):
+        q, k, v = _qkv(gen, lead, tq, tk, 2 * d, dv)
+        expected = differential_attention(q[..., :d], k[..., :d], q[..., d:], k[..., d:], v, lam, is_causal=causal)
+        cases.append(Case(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, lam={lam}, is_causal={causal}",
+                          (q, k, v, lam), {"is_causal": causal}, expected=expected, rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("12-predict", "predicted", kind="value", points=1,
-          hint="lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)); the projections of DifferentialAttention(d_model, H) "
-               "are four d_model x d_model matrices (no bias), plus four lambda vectors of d = d_model / (2H) and an "
-               "RMSNorm gain of 2d")
+@exercise("12-predict", "predicted", kind="value", points=1, category="predict",
+          parts=("lambda_init at layer 1", "lambda_init at layer 12", "parameter count"),
+          hint="the schedule of the lesson's section 4 rises from its first-layer value towards its limit as the "
+               "layer number grows, with the first layer at exponent zero; for the count, add the square "
+               "projections (no bias), the four lambda vectors of the half-head width and the norm's gain over one "
+               "head's output features")
 def _predict():
     """Predict lambda_init for layers 1 and 12, and the parameter count of DifferentialAttention(128, 4)."""
     count = sum(p.numel() for p in DifferentialAttention(128, 4).parameters())
@@ -67,10 +94,16 @@ def _random_maps(gen: torch.Generator, lead: tuple, t: int) -> torch.Tensor:
     return torch.softmax(s, -1)
 
 
-@exercise("12-induction-score", "induction_score", points=2,
+def _shortcut_induction(weights, seg_len):
+    return induction_scores(weights, seg_len)
+
+
+@exercise("12-induction-score", "induction_score", points=2, category="implement",
           forbid=("attncourse.induction_scores", "attncourse.heads.induction_scores"),
-          hint="for queries t = L .. 2L-1 take the weight on key t - L + 1 and average them: "
-               "weights.diagonal(offset=-(L - 1), dim1=-2, dim2=-1) holds A[t, t-L+1] for t = L-1 .. 2L-1")
+          shortcuts=(_shortcut_induction,),
+          hint="only queries of the second copy count; each looks one position after its token's earlier "
+               "occurrence, a fixed offset below the diagonal; gather those entries (a diagonal of the map, or "
+               "advanced indexing with two index vectors) and average them over the queries")
 def _induction_score():
     """Score every head's map for the induction pattern on a repeated sequence."""
     gen = torch.Generator().manual_seed(122)
@@ -98,9 +131,16 @@ def planted_induction_maps(gen: torch.Generator, n_layers: int, n_heads: int, se
     return maps
 
 
-@exercise("12-find-head", "find_induction_head", points=1,
-          hint="score every (layer, head) with your induction_score and return the position of the largest as a "
-               "tuple of two Python ints: divmod(int(scores.argmax()), n_heads) on the (layers, H) scores")
+def _shortcut_find_head(maps, seg_len):
+    scores = induction_scores(maps, seg_len)  # (layers, H)
+    return divmod(int(scores.argmax()), scores.shape[-1])
+
+
+@exercise("12-find-head", "find_induction_head", points=1, category="implement",
+          forbid=("attncourse.induction_scores", "attncourse.heads.induction_scores"),
+          shortcuts=(_shortcut_find_head,),
+          hint="score every (layer, head) with your own induction score, then turn the flat position of the best "
+               "one back into a row and a column of the (layers, H) table, as two Python ints")
 def _find_head():
     """Return (layer, head) of the induction head in maps of shape (layers, H, 2L, 2L)."""
     gen = torch.Generator().manual_seed(123)
@@ -116,10 +156,20 @@ def _find_head():
     return cases
 
 
-@exercise("12-patchify", "my_patchify", points=2,
-          forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold"),
-          hint="reshape (B, C, H, W) to (B, C, H/p, p, W/p, p), permute to (B, H/p, W/p, C, p, p), "
-               "then reshape to (B, N, C*p*p): patches in row-major order, each flattened as (C, p, p)")
+def _shortcut_patchify(images, p):
+    return patchify(images, p)
+
+
+def _shortcut_unfold(images, p):
+    return F.unfold(images, p, stride=p).transpose(1, 2)
+
+
+@exercise("12-patchify", "my_patchify", points=2, category="implement",
+          forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold",
+                  ),
+          shortcuts=(_shortcut_patchify, _shortcut_unfold),
+          hint="split each image axis into (block index, offset inside the block), move the two block indices to "
+               "the front and the channel with the two offsets to the back, then flatten each group")
 def _patchify():
     """Cut images (B, C, H, W) into flattened p x p patches (B, N, C p^2)."""
     gen = torch.Generator().manual_seed(124)
@@ -129,3 +179,71 @@ def _patchify():
         cases.append(Case(f"images {tuple(x.shape)}, patch_size={p}", (x, p), expected=patchify(x, p),
                           compare="equal"))
     return cases
+
+
+# ----------------------------------------------------------------------------- find the bug, ablation
+
+
+def sigmoid_self_attention_reference(x, w_q, w_k, w_v, n_heads, is_causal=False):
+    """Multi-head sigmoid self-attention of x (B, T, d_model) with weights (d_model, d_model), heads merged."""
+    b, t, d_model = x.shape
+    q, k, v = ((x @ w).view(b, t, n_heads, d_model // n_heads).transpose(1, 2) for w in (w_q, w_k, w_v))
+    out = sigmoid_attention(q, k, v, is_causal=is_causal)  # (B, H, T, D)
+    return out.transpose(1, 2).reshape(b, t, d_model)
+
+
+@exercise("12-sigmoid-bug", "sigmoid_self_attention_fixed", points=2, category="bug",
+          forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
+          bug_words=("missing bias", "forgets the bias", "forgot the bias", "omits the bias", "without the bias",
+                     "drops the bias", "bias is missing", "no bias"),
+          hint="feed it inputs whose scores are all zero, for a short and a long sequence, and compare what a "
+               "row of weights adds up to with what the lesson says it should start near")
+def _sigmoid_bug():
+    """Fix a multi-head sigmoid self-attention layer."""
+    gen = torch.Generator().manual_seed(125)
+    cases = []
+    for b, t, d_model, heads, causal in ((2, 5, 8, 2, False), (1, 16, 12, 3, True), (3, 33, 8, 1, False),
+                                         (2, 7, 16, 4, True)):
+        x = torch.randn(b, t, d_model, generator=gen, dtype=torch.float64)
+        ws = [torch.randn(d_model, d_model, generator=gen, dtype=torch.float64) / math.sqrt(d_model)
+              for _ in range(3)]
+        cases.append(Case(f"x {tuple(x.shape)}, n_heads={heads}, is_causal={causal}", (x, *ws, heads),
+                          {"is_causal": causal}, expected=sigmoid_self_attention_reference(x, *ws, heads, causal),
+                          rtol=1e-7, atol=1e-9))
+    return cases
+
+
+@exercise("12-lambda-bug", "lambda_init_schedule_fixed", points=1, category="bug",
+          forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
+          bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
+                     "starts at zero", "index shift"),
+          hint="compare the first entries with the values the paper gives for its first layers, and ask what number "
+               "the loop hands the formula for the first layer")
+def _lambda_bug():
+    """Fix the lambda_init schedule of a Differential Transformer stack."""
+    return [Case(f"n_layers={n}", (n,), expected=torch.tensor([diff_lambda_init(l) for l in range(1, n + 1)],
+                                                             dtype=torch.float64), rtol=1e-12, atol=1e-12)
+            for n in (1, 2, 5, 12)]
+
+
+ABLATION_VOCAB, ABLATION_SEG, ABLATION_BATCH = 32, 8, 64
+
+
+def ablation_reference(seed: int) -> torch.Tensor:
+    """(2, 2): the rise of the repeated-half loss when each head of the planted model of `seed` is ablated."""
+    model = planted_induction_model(ABLATION_VOCAB, ABLATION_SEG, generator=torch.Generator().manual_seed(seed))
+    tokens = repeated_tokens(ABLATION_BATCH, ABLATION_SEG, ABLATION_VOCAB,
+                             generator=torch.Generator().manual_seed(1000 + seed))
+    return ablation_effects(model, tokens)
+
+
+@exercise("12-ablation", "ablation_table", points=2, category="experiment",
+          forbid=("attncourse.heads.ablation_effects", "attncourse.heads.ablate_heads", "attncourse.ablation_effects",
+                  "attncourse.ablate_heads"),
+          hint="build the model and the test batch exactly as the exercise says, from the seed; measure the loss "
+               "on the second copy once as it is, then once per head with that head's slice of the merged heads "
+               "set to zero before the layer's output projection (a forward pre-hook can do it), and subtract")
+def _ablation():
+    """Zero-ablate each head of a model and measure how much the loss on the repeated half rises, per seed."""
+    return [Case(f"seed {seed}", (seed,), expected=ablation_reference(seed), rtol=1e-4, atol=1e-4)
+            for seed in (0, 1, 2)]
