@@ -41,10 +41,6 @@ OUT_RATIO = 1.5  # x the error of rounding the exact result once
 GRAD_RATIO = 3.0  # PyTorch's CPU kernel itself reaches ~2.6 on gradients
 B, H, T, D = 2, 4, 37, 32  # T prime: tiles and chunks never divide it
 
-SDPA_HALF = ("sdpa.scaled_dot_product_attention computes q k^T in the input dtype (only the softmax runs in "
-             "float32) and rounds the weights to half before the value matmul: 3-7x the rounding error "
-             "(sdpa.py is shared: reported, not edited)")
-
 
 def xfail(reason: str):
     return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)  # the bound, not a crash
@@ -76,10 +72,10 @@ def _paged(query, key, value):
 
 # name -> (function of (q, k, v) -> out, has gradients, marks). Every function computes attention itself.
 FUNCTIONS = {
-    "sdpa": (lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True), True, [xfail(SDPA_HALF)]),
+    "sdpa": (lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True), True, []),
     "sdpa + alibi bias (positions)": (
         lambda q, k, v: scaled_dot_product_attention(q, k, v, alibi_bias(H, T).to(q.dtype)), True,
-        [xfail(SDPA_HALF)]),
+        []),
     "sigmoid_attention": (lambda q, k, v: sigmoid_attention(q, k, v, is_causal=True), True, []),
     "differential_attention": (
         lambda q, k, v: differential_attention(q[..., :16], k[..., :16], q[..., 16:], k[..., 16:], v, 0.8,
@@ -96,12 +92,10 @@ FUNCTIONS = {
                "3-6x the rounding error (owner ch11)")]),
     "chunked_causal_attention": (
         lambda q, k, v: chunked_causal_attention(q, k, v, 8), True,
-        [xfail("chunked.chunked_causal_attention calls sdpa per chunk and inherits its half-precision scores "
-               "(owner ch11; cause in shared sdpa.py)")]),
+        []),
     "paged_attention": (
         _paged, False,
-        [xfail("paged_cache.paged_attention calls sdpa and inherits its half-precision scores (owner ch11; cause "
-               "in shared sdpa.py)")]),
+        []),
     "ring_attention (one rank)": (_ring, False, []),
 }
 
