@@ -12,6 +12,7 @@ from .flash import (
     causal_block_counts, causal_tile_map, flash_attention, flash_attention_forward, hbm_traffic_flash,
     hbm_traffic_standard, HBMTraffic, theorem2_bound,
 )
+from .flash import flash_attention_backward
 from .gpt import GPT, GPTConfig
 from .gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, MODEL_CONFIGS, ModelConfig
 from .heads import (
@@ -67,6 +68,7 @@ __all__ = [
     "finalize_attention_state",
     "flash_attention",
     "flash_attention_forward",
+    "flash_attention_backward",
     "gathered_attention",
     "GPT",
     "GPTConfig",
