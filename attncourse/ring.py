@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from . import _validate
-from .flash import _tiled_backward, default_block_sizes, flash_attention, flash_attention_forward
+from .flash import flash_attention, flash_attention_backward, flash_attention_forward
 from .sdpa import _check_qkv
 from .sdpa import compute_dtype as _compute_dtype
 
@@ -166,7 +166,6 @@ class RingAttentionFunction(torch.autograd.Function):
         chunks = ring_chunks(world, layout)
         mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
         d_out = torch.zeros_like(out) if d_out is None else d_out.to(out.dtype)
-        block_q, block_k = default_block_sizes(q.device, backward=True)
         dq = torch.zeros_like(q)
         travelling = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], dim=-1)  # (N, T_r, 2D + 2Dv)
         dv_ = v.shape[-1]
@@ -176,8 +175,9 @@ class RingAttentionFunction(torch.autograd.Function):
             dk_blk, dvv_blk = travelling[..., d + dv_:2 * d + dv_], travelling[..., 2 * d + dv_:]  # views: += in place
             for i, j, diag in _pairs(mine, chunks[src], is_causal):
                 qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
-                g = _tiled_backward(q[:, qs], k_blk[:, ks], v_blk[:, ks], out[:, qs], lse[:, qs], d_out[:, qs],
-                                    None if d_lse is None else d_lse[:, qs], diag, scale, block_q, block_k)
+                g = flash_attention_backward(q[:, qs], k_blk[:, ks], v_blk[:, ks], out[:, qs], lse[:, qs], d_out[:, qs],
+                                             grad_lse=None if d_lse is None else d_lse[:, qs], is_causal=diag,
+                                             scale=scale)  # this pair's dQ share, dK, dV with the final out, lse
                 dq[:, qs] += g[0]
                 dk_blk[:, ks] += g[1]
                 dvv_blk[:, ks] += g[2]
