@@ -33,6 +33,8 @@ from .ring import distributed_attention, ring_attention, run_distributed, ulysse
 from .rnn_attention import AdditiveAttention, LuongAttention
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .sparse import bigbird, count_scored_pairs, dilated, gathered_attention, log_dilated, longformer
+from .block_sparse import block_sparse_attention, tile_states
+from .prefix_cache import PrefixCache
 from .transformer import FeedForward, TransformerBlock
 from .utils import device, env_report, print_env_report, set_seed
 from .variants import (
@@ -128,4 +130,7 @@ __all__ = [
     "two_pass_softmax",
     "ulysses_attention",
     "unpatchify",
+    "block_sparse_attention",
+    "tile_states",
+    "PrefixCache",
 ]
