@@ -12,6 +12,7 @@ from .flash import (
     causal_block_counts, causal_tile_map, flash_attention, flash_attention_forward, hbm_traffic_flash,
     hbm_traffic_standard, HBMTraffic, theorem2_bound,
 )
+from .flash import flash_attention_backward
 from .gpt import GPT, GPTConfig
 from .gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, MODEL_CONFIGS, ModelConfig
 from .heads import (
@@ -32,6 +33,8 @@ from .ring import distributed_attention, ring_attention, run_distributed, ulysse
 from .rnn_attention import AdditiveAttention, LuongAttention
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
 from .sparse import bigbird, count_scored_pairs, dilated, gathered_attention, log_dilated, longformer
+from .block_sparse import block_sparse_attention, tile_states
+from .prefix_cache import PrefixCache
 from .transformer import FeedForward, TransformerBlock
 from .utils import device, env_report, print_env_report, set_seed
 from .variants import (
@@ -67,6 +70,7 @@ __all__ = [
     "finalize_attention_state",
     "flash_attention",
     "flash_attention_forward",
+    "flash_attention_backward",
     "gathered_attention",
     "GPT",
     "GPTConfig",
@@ -126,4 +130,7 @@ __all__ = [
     "two_pass_softmax",
     "ulysses_attention",
     "unpatchify",
+    "block_sparse_attention",
+    "tile_states",
+    "PrefixCache",
 ]

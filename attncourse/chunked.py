@@ -1,9 +1,10 @@
 r"""Chunked prefill: a long prompt processed a chunk of queries at a time against a growing KV cache.
 
-One-shot prefill of T tokens builds a (B, H, T, T) score matrix. In chunks of C tokens, chunk c attends
-to the cached keys of every earlier chunk plus its own (a bottom-right aligned causal mask), so the
-largest score matrix is (B, H, C, T): peak memory O(C T) instead of O(T^2), for the same result.
-Serving engines (vLLM, SGLang) also use chunks to interleave a long prefill with other requests' decodes.
+In chunks of C tokens, chunk c attends to the cached keys of every earlier chunk plus its own (a bottom-right
+aligned causal mask): the same output and the same cache as one-shot prefill. Done with plain attention the
+largest score matrix shrinks from (B, H, T, T) to (B, H, C, T), but FlashAttention never builds the T x T
+matrix anyway: serving engines (SARATHI; vLLM, SGLang) chunk prompts to *schedule* them, interleaving a long
+prefill with other requests' decodes under a per-step token budget (see :mod:`attncourse.scheduler`).
 
 :func:`peak_tensor_bytes` measures what a call allocates, exactly and without noise: it follows every
 tensor storage created while the call runs and reports the largest total alive at any moment.

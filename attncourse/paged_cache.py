@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from . import _validate
-from .mha import repeat_kv
-from .sdpa import scaled_dot_product_attention
+from .sdpa import compute_dtype as _compute_dtype
+
+_NEG_INF = float("-inf")
 
 __all__ = ["PagedKVCache", "PagedSequence", "paged_attention", "MemoryWaste", "memory_waste"]
 
@@ -177,12 +178,21 @@ class PagedSequence:
 
 
 def paged_attention(query: torch.Tensor, cache: PagedKVCache, seq_ids: list[int], *,
-                    scale: float | None = None) -> torch.Tensor:
-    """Attention of a batch of sequences of different lengths, keys read from the pool through the block tables.
+                    scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                    pages_per_step: int = 1) -> torch.Tensor:
+    """Attention of a batch of sequences of different lengths, reading keys and values from the pool in place.
 
     query (B, H, Tq, D): the last Tq tokens of each sequence in `seq_ids` (already appended), H a multiple of
-    Hkv. Each query sees the keys of its own sequence up to its own position. Returns (B, H, Tq, D).
-    The block tables are padded to the longest one and turned into one gather of whole pages.
+    Hkv (query head h reads KV head h // (H / Hkv), with no copy of K/V per query head). Each query sees the
+    keys of its own sequence up to its own position. Returns (B, H, Tq, D).
+
+    The loop is the one vLLM's and FlashInfer's kernels run: for each sequence, walk its block table
+    `pages_per_step` pages at a time, score the queries against those pages only (a tile of at most
+    ``pages_per_step * page_size`` keys, read where it lies in the pool) and fold the tile into an online
+    softmax (chapter 08). No (Hkv, L, D) copy of a sequence is ever made. Positions are absolute: page i of
+    the table holds positions ``i * page_size ...``, which is what the causal mask and `alibi_slopes` (H,)
+    (bias ``-slope * (query position - key position)``, ALiBi) use. RoPE needs nothing here: keys are cached
+    already rotated at their own positions.
     """
     _validate.tensor("query", query, min_rank=4, floating=True)
     if not isinstance(seq_ids, (list, tuple)) or not seq_ids:
@@ -191,24 +201,44 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, seq_ids: list[int]
     if query.dim() != 4 or b != len(seq_ids) or d != cache.head_dim or h % cache.n_kv_heads:
         raise ValueError(f"query must be (B={len(seq_ids)}, H (a multiple of Hkv={cache.n_kv_heads}), Tq, "
                          f"D={cache.head_dim}), got {tuple(query.shape)}")
-    lengths = torch.tensor([cache.lengths[cache._seq(s)] for s in seq_ids])  # (B,)
-    if int(lengths.min()) < tq:
-        raise ValueError(f"every sequence must hold at least Tq={tq} tokens, got lengths {lengths.tolist()}")
-    width = max(len(cache.block_tables[s]) for s in seq_ids)
-    tables = torch.zeros(b, width, dtype=torch.long)  # (B, n) padded with page 0; masked below
-    for i, s in enumerate(seq_ids):
-        tables[i, :len(cache.block_tables[s])] = torch.tensor(cache.block_tables[s], dtype=torch.long)
-
-    def read(pages: torch.Tensor) -> torch.Tensor:
-        x = pages[tables].transpose(1, 2)  # (B, n, Hkv, P, D) -> (B, Hkv, n, P, D)
-        x = x.reshape(b, cache.n_kv_heads, width * cache.page_size, d)  # (B, Hkv, S, D)
-        return repeat_kv(x, h // cache.n_kv_heads)  # (B, H, S, D)
-
-    k, v = read(cache.k_pages), read(cache.v_pages)
-    key_pos = torch.arange(width * cache.page_size)  # (S,)
-    query_pos = lengths[:, None] - tq + torch.arange(tq)  # (B, Tq) absolute positions of the queries
-    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # (B, Tq, S): causal, and never past the end
-    return scaled_dot_product_attention(query, k, v, mask[:, None], scale=scale)  # (B, H, Tq, D)
+    _validate.positive_int("pages_per_step", pages_per_step)
+    if alibi_slopes is not None:
+        _validate.tensor("alibi_slopes", alibi_slopes, min_rank=1, floating=True)
+        if alibi_slopes.shape != (h,):
+            raise ValueError(f"alibi_slopes must be (H,) = ({h},), got {tuple(alibi_slopes.shape)}")
+    lengths = [cache.lengths[cache._seq(s)] for s in seq_ids]
+    if min(lengths) < tq:
+        raise ValueError(f"every sequence must hold at least Tq={tq} tokens, got lengths {lengths}")
+    scale = d ** -0.5 if scale is None else float(scale)
+    h_kv, group, size = cache.n_kv_heads, h // cache.n_kv_heads, cache.page_size
+    work = _compute_dtype(query.dtype)
+    slopes = None if alibi_slopes is None else alibi_slopes.to(work).view(h_kv, group, 1, 1)  # (Hkv, G, 1, 1)
+    out = query.new_empty(b, h, tq, d)
+    for row, (seq, length) in enumerate(zip(seq_ids, lengths)):
+        q = query[row].to(work).view(h_kv, group, tq, d) * scale  # (H, Tq, D) -> (Hkv, G, Tq, D): heads of a group
+        q_pos = torch.arange(length - tq, length, device=query.device)  # (Tq,) absolute positions
+        m = torch.full((h_kv, group, tq), _NEG_INF, dtype=work, device=query.device)  # running max
+        l = torch.zeros_like(m)  # noqa: E741  running sum
+        acc = torch.zeros(h_kv, group, tq, d, dtype=work, device=query.device)  # unnormalised output
+        table = cache.block_tables[seq]
+        for i in range(0, math.ceil(length / size), pages_per_step):
+            pages = table[i:i + pages_per_step]  # the next few entries of the block table
+            k_pos = torch.arange(i * size, (i + len(pages)) * size, device=query.device)  # (C,) C = pages * P
+            k_tile, v_tile = (x[pages[0]] if len(pages) == 1 else x[pages].transpose(0, 1).flatten(1, 2)
+                              for x in (cache.k_pages, cache.v_pages))  # (Hkv, C, D): read in place (one tile)
+            s = q @ k_tile.to(work)[:, None].transpose(-2, -1)  # (Hkv, G, Tq, D) @ (Hkv, 1, D, C) -> (Hkv, G, Tq, C)
+            if slopes is not None:
+                s = s - slopes * (q_pos[:, None] - k_pos[None, :]).to(work)  # ALiBi on absolute positions
+            s = s.masked_fill((k_pos[None, :] > q_pos[:, None]) | (k_pos[None, :] >= length), _NEG_INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))  # (Hkv, G, Tq)
+            ref = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - ref[..., None])  # (Hkv, G, Tq, C)
+            alpha = torch.exp(m - ref)
+            l = alpha * l + p.sum(dim=-1)  # noqa: E741
+            acc = alpha[..., None] * acc + p @ v_tile.to(work)[:, None]  # (Hkv, G, Tq, C) @ (Hkv, 1, C, D)
+            m = m_new
+        out[row] = (acc / l[..., None]).reshape(h, tq, d).to(query.dtype)  # every query sees key 0: l > 0
+    return out
 
 
 @dataclass(frozen=True)

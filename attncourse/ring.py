@@ -1,22 +1,36 @@
-r"""Sequence parallelism on ``torch.distributed``: ring attention and Ulysses, with a local launcher.
+r"""Sequence parallelism on ``torch.distributed``: ring attention (forward and backward) and Ulysses.
 
-**Ring attention** (Liu et al. 2023). Each of W ranks holds one block of the sequence: its queries and
-its keys and values. In W steps every key/value block travels once around the ring (rank r sends to
-r + 1 and receives from r - 1, the next transfer overlapping the current block's compute); each rank
-folds the block it holds into an online-softmax state of its queries and merges it with
-:func:`~attncourse.merge_attention_states` (chapter 08). No rank ever holds more than two key/value
-blocks, and the result equals attention over the whole sequence. Under a causal mask a rank skips the
-blocks that come after its own (it still forwards them). Bytes sent per rank: (W - 1) blocks of keys
-and values, ``2 (W-1)/W * B * Hkv * T * D * bytes`` in total.
+**Ring attention** (Liu et al. 2023). The sequence is cut into equal chunks and each of W ranks holds some of
+them: its queries, keys and values. In W steps every key/value block travels once around the ring (rank r
+sends to r + 1 and receives from r - 1, the next transfer overlapping the current block's compute). Each
+block pair is one call of FlashAttention's forward, returning ``(out, lse)``, and the partial results of a
+query chunk are merged by their log-sum-exps (chapter 08's rule in its normalised form). Under a causal mask a
+pair whose keys all come after its queries is skipped (the block is still passed on); a diagonal pair uses
+the causal tile loop. Bytes sent per rank: W - 1 blocks of keys and values, ``2 (W-1) B Hkv (T/W) D`` elements
+(the 2 is K and V; that is (W-1)/W of the whole K and V).
+
+**Backward ring.** The gradient needs, for each block pair, the block's probabilities ``exp(s - lse)`` with the
+*final* lse and ``D = rowsum(dO * O)`` of the final output, which every rank holds for its own queries. So the
+backward runs the same ring again: the key/value blocks travel with two accumulators dK and dV; each rank adds
+its queries' contribution to the block it holds (FlashAttention's backward per pair) and its own dQ, then
+passes (K, V, dK, dV) on. After W steps each dK, dV block has visited every rank; one last send brings it home.
+:class:`RingAttentionFunction` ties both passes into autograd, so a training step on W processes gives the
+single-process gradients.
+
+**Layouts.** ``"contiguous"``: rank r holds chunk r of W. Under a causal mask rank r then scores r + 1/2 blocks'
+worth of pairs and the last rank does about 2W - 1 times the work of the first. ``"zigzag"`` (striped, as in
+Megatron's context parallelism and zigzag ring attention): 2W chunks, rank r holds chunks r and 2W - 1 - r (one
+early, one late), and every rank scores the same number of pairs.
 
 **Ulysses** (Jacobs et al. 2023): one all-to-all turns "my block of the sequence, all heads" into "the
 whole sequence, H / W of the heads"; each rank runs ordinary attention on its heads; a second
-all-to-all turns the output back. Bytes per rank: about ``4 (W-1)/W`` of the local q, k, v, out blocks.
+all-to-all turns the output back. Each rank sends (W-1)/W of its local q, k, v and output blocks: with GQA the
+k and v blocks are Hkv/H as large, and W may not exceed Hkv unless KV heads are replicated.
 
 :func:`run_distributed` starts W local processes with ``torch.multiprocessing`` joined in a gloo
 process group (on 127.0.0.1, a free port chosen by the operating system), runs a function of this
-package in each and returns what each rank returned. :func:`distributed_attention` is the whole
-round trip: split, launch, gather.
+package in each and returns what each rank returned. :func:`distributed_attention` and
+:func:`distributed_training_step` are whole round trips: split, launch, gather.
 """
 
 from __future__ import annotations
@@ -32,79 +46,182 @@ import torch
 import torch.distributed as dist
 
 from . import _validate
-from .flash import flash_attention
-from .online_softmax import AttentionState, finalize_attention_state, merge_attention_states, online_attention_update
+from .flash import flash_attention, flash_attention_backward, flash_attention_forward
 from .sdpa import _check_qkv
+from .sdpa import compute_dtype as _compute_dtype
 
-__all__ = ["RingOutput", "ring_attention", "ulysses_attention", "ring_bytes_per_rank", "ulysses_bytes_per_rank",
-           "run_distributed", "distributed_attention"]
+__all__ = ["RingOutput", "ring_attention", "RingAttentionFunction", "ring_chunks", "ring_pair_work",
+           "ulysses_attention", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "run_distributed",
+           "distributed_attention", "distributed_training_step", "LAYOUTS"]
+
+LAYOUTS = ("contiguous", "zigzag")
+_NEG_INF = float("-inf")
 
 
 class RingOutput(NamedTuple):
-    """What :func:`ring_attention` returns on each rank: the local output (..., Tq_r, Dv), its log-sum-exp
-    (..., Tq_r), the bytes this rank sent, and how many key/value blocks it actually computed with."""
+    """What :func:`ring_attention` returns on each rank: the local output (..., T_r, Dv) and its log-sum-exp
+    (..., T_r) (both differentiable), the bytes this rank sent in the forward, and the (query, key) pairs it
+    scored (its share of the work)."""
 
     out: torch.Tensor
     lse: torch.Tensor
     bytes_sent: int
-    blocks_computed: int
+    pairs_scored: int
 
 
-def _empty_state(q: torch.Tensor, dv: int) -> AttentionState:
-    m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Tq)
-    return AttentionState(m, torch.zeros_like(m), torch.zeros(*q.shape[:-1], dv, dtype=q.dtype, device=q.device))
+def ring_chunks(world_size: int, layout: str = "contiguous") -> list[list[int]]:
+    """The sequence chunks each rank holds, in order: W chunks (one each) or 2W (rank r: r and 2W - 1 - r)."""
+    _validate.positive_int("world_size", world_size)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "contiguous":
+        return [[r] for r in range(world_size)]
+    return [[r, 2 * world_size - 1 - r] for r in range(world_size)]
+
+
+def _pairs(mine: list[int], theirs: list[int], is_causal: bool):
+    """(my local chunk index, their local chunk index, causal?) for every pair with at least one visible key."""
+    for i, qc in enumerate(mine):
+        for j, kc in enumerate(theirs):
+            if not is_causal or kc < qc:
+                yield i, j, False
+            elif kc == qc:
+                yield i, j, True
+
+
+def ring_pair_work(seq_len: int, world_size: int, *, is_causal: bool = True, layout: str = "contiguous") -> list[int]:
+    """(query, key) pairs each rank scores in one ring pass (causal diagonal pairs count their lower triangle)."""
+    chunks = ring_chunks(world_size, layout)
+    n_chunks = sum(len(c) for c in chunks)
+    _validate.positive_int("seq_len", seq_len)
+    if seq_len % n_chunks:
+        raise ValueError(f"seq_len={seq_len} must be divisible by the {n_chunks} chunks of layout {layout!r}")
+    c = seq_len // n_chunks
+    return [sum(c * (c + 1) // 2 if diag else c * c for src in chunks for _, _, diag in _pairs(mine, src, is_causal))
+            for mine in chunks]
+
+
+def _merge(out_a, lse_a, out_b, lse_b):
+    """Two normalised partial results over disjoint keys -> the result over both (zeros, -inf when both empty)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    ref = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    return torch.exp(lse_a - ref)[..., None] * out_a + torch.exp(lse_b - ref)[..., None] * out_b, lse
+
+
+def _exchange(tensor: torch.Tensor, rank: int, world: int, ranks: list[int], group: Any):
+    """Start sending `tensor` to the next rank and receiving the same shape from the previous one."""
+    incoming = torch.empty_like(tensor)
+    ops = [dist.P2POp(dist.isend, tensor, ranks[(rank + 1) % world], group),
+           dist.P2POp(dist.irecv, incoming, ranks[(rank - 1) % world], group)]
+    return incoming, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests) -> None:
+    for request in requests:
+        request.wait()
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """Autograd node of ring attention: the forward ring, and a backward ring where dK and dV travel with
+    their blocks. ``apply(q, k, v, is_causal, scale, layout, group, stats)`` with q, k, v (N, T_r, D) in the
+    compute dtype, a float scale and a dict `stats` the forward fills (bytes sent, pairs scored)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale, layout, group, stats):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+        chunks = ring_chunks(world, layout)
+        mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
+        outs = [q.new_zeros(q.shape[0], c, v.shape[-1]) for _ in mine]  # per local query chunk (N, c, Dv)
+        lses = [q.new_full((q.shape[0], c), _NEG_INF) for _ in mine]  # (N, c)
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (N, T_r, D + Dv): one message per step
+        sent = pairs = 0
+        for step in range(world):
+            src = (rank - step) % world  # whose keys I hold now
+            if step < world - 1:  # pass them on while computing with them
+                incoming, requests = _exchange(kv, rank, world, ranks, group)
+                sent += kv.numel() * kv.element_size()
+            k_blk, v_blk = kv[..., :d], kv[..., d:]
+            for i, j, diag in _pairs(mine, chunks[src], is_causal):
+                qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
+                o, lse = flash_attention_forward(q[:, qs], k_blk[:, ks], v_blk[:, ks], is_causal=diag, scale=scale)
+                outs[i], lses[i] = _merge(outs[i], lses[i], o, lse)
+                pairs += c * (c + 1) // 2 if diag else c * c
+            if step < world - 1:
+                _wait(requests)
+                kv = incoming
+        out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1)  # (N, T_r, Dv), (N, T_r)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = (is_causal, scale, layout, group)
+        ctx.set_materialize_grads(False)
+        stats.update(bytes_sent=sent, pairs_scored=pairs)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        is_causal, scale, layout, group = ctx.config
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+        chunks = ring_chunks(world, layout)
+        mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
+        d_out = torch.zeros_like(out) if d_out is None else d_out.to(out.dtype)
+        dq = torch.zeros_like(q)
+        travelling = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], dim=-1)  # (N, T_r, 2D + 2Dv)
+        dv_ = v.shape[-1]
+        for step in range(world):
+            src = (rank - step) % world
+            k_blk, v_blk = travelling[..., :d], travelling[..., d:d + dv_]
+            dk_blk, dvv_blk = travelling[..., d + dv_:2 * d + dv_], travelling[..., 2 * d + dv_:]  # views: += in place
+            for i, j, diag in _pairs(mine, chunks[src], is_causal):
+                qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
+                g = flash_attention_backward(q[:, qs], k_blk[:, ks], v_blk[:, ks], out[:, qs], lse[:, qs], d_out[:, qs],
+                                             grad_lse=None if d_lse is None else d_lse[:, qs], is_causal=diag,
+                                             scale=scale)  # this pair's dQ share, dK, dV with the final out, lse
+                dq[:, qs] += g[0]
+                dk_blk[:, ks] += g[1]
+                dvv_blk[:, ks] += g[2]
+            if step < world - 1:  # K, V and their gradients so far move on together
+                travelling, requests = _exchange(travelling.contiguous(), rank, world, ranks, group)
+            else:  # the block I hold belongs to rank + 1: only its gradients go home
+                home, requests = _exchange(travelling[..., d + dv_:].contiguous(), rank, world, ranks, group)
+            _wait(requests)
+        return dq, home[..., :d], home[..., d:], None, None, None, None, None
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
-                   scale: float | None = None, group: Any = None) -> RingOutput:
-    """Attention over the whole sequence when each rank of `group` holds one block of it.
+                   scale: float | None = None, layout: str = "contiguous", group: Any = None) -> RingOutput:
+    """Attention over the whole sequence when each rank of `group` holds its chunks of it; differentiable.
 
-    Call on every rank with its block: query (..., T_r, D), key (..., T_r, D), value (..., T_r, Dv), blocks
-    in rank order (rank 0 holds positions 0 .. T_0 - 1, and so on; block lengths may differ). Queries and
-    keys of a rank cover the same positions. ``is_causal`` masks keys after each query's own position.
+    Call on every rank with its part: query, key (..., T_r, D), value (..., T_r, Dv), equal T_r on every rank,
+    made of the chunks :func:`ring_chunks` gives the rank for `layout`, in that order. ``is_causal`` masks keys
+    after each query's own position (in the whole sequence). The backward runs the backward ring.
     """
     _check_qkv(query, key, value)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if query.shape[-2] != key.shape[-2]:
-        raise ValueError(f"each rank's query and key blocks must cover the same positions, got query "
-                         f"{tuple(query.shape)} and key {tuple(key.shape)}")
+    if query.shape[-2] != key.shape[-2] or query.shape[:-2] != key.shape[:-2] or key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(f"each rank's query, key and value blocks must cover the same positions and heads, got "
+                         f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not dist.is_initialized():
         raise RuntimeError("ring_attention needs an initialised process group (see run_distributed)")
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+    world = dist.get_world_size(group)
     lengths = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([key.shape[-2]]), group=group)  # every block's length
-    starts = [0, *torch.cumsum(torch.cat(lengths), 0).tolist()]  # block r covers starts[r] .. starts[r+1]-1
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    q, d = query.to(dtype), key.shape[-1]
-    q_pos = torch.arange(starts[rank], starts[rank + 1])  # (T_r,) absolute positions of my queries
-    kv = torch.cat([key, value], dim=-1).contiguous()  # (..., T_r, D + Dv): one message per step
-    state, sent, computed = _empty_state(q, value.shape[-1]), 0, 0
-    for step in range(world):
-        src = (rank - step) % world  # the rank whose keys I hold now
-        if step < world - 1:  # start passing them on before computing with them
-            incoming = torch.empty(*kv.shape[:-2], int(lengths[(src - 1) % world]), kv.shape[-1], dtype=kv.dtype)
-            ops = [dist.P2POp(dist.isend, kv, ranks[(rank + 1) % world], group),
-                   dist.P2POp(dist.irecv, incoming, ranks[(rank - 1) % world], group)]
-            requests = dist.batch_isend_irecv(ops)
-            sent += kv.numel() * kv.element_size()
-        if not (is_causal and starts[src] > q_pos[-1]):  # causal: blocks after mine are fully masked
-            k_blk, v_blk = kv.to(dtype).split([d, kv.shape[-1] - d], dim=-1)  # (..., T_src, D), (..., T_src, Dv)
-            scores = (q @ k_blk.transpose(-2, -1)) * scale  # (..., T_r, D) @ (..., D, T_src) -> (..., T_r, T_src)
-            if is_causal:
-                k_pos = torch.arange(starts[src], starts[src + 1])  # (T_src,)
-                scores = scores.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf"))
-            partial = online_attention_update(_empty_state(q, v_blk.shape[-1]), scores, v_blk)
-            state = merge_attention_states(state, partial)  # chapter 08's merge rule
-            computed += 1
-        if step < world - 1:
-            for request in requests:
-                request.wait()
-            kv = incoming
-    out, lse = finalize_attention_state(state)
-    return RingOutput(out.to(value.dtype), lse, sent, computed)
+    dist.all_gather(lengths, torch.tensor([key.shape[-2]]), group=group)
+    per_rank = len(ring_chunks(world, layout)[0])
+    if len({int(n) for n in lengths}) != 1 or key.shape[-2] % per_rank:
+        raise ValueError(f"every rank must hold the same number of positions, divisible by {per_rank} chunks "
+                         f"(layout {layout!r}), got {[int(n) for n in lengths]}")
+    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    work = _compute_dtype(query.dtype)
+    lead = query.shape[:-2]
+    q, k, v = (x.reshape(-1, *x.shape[-2:]).to(work) for x in (query, key, value))  # (N, T_r, D)
+    stats: dict = {}
+    out, lse = RingAttentionFunction.apply(q, k, v, is_causal, scale, layout, group, stats)
+    return RingOutput(out.reshape(*lead, *out.shape[-2:]).to(value.dtype), lse.reshape(*lead, lse.shape[-1]),
+                      stats["bytes_sent"], stats["pairs_scored"])
 
 
 def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -159,16 +276,19 @@ def ring_bytes_per_rank(batch: int, n_kv_heads: int, seq_len: int, head_dim: int
 
 
 def ulysses_bytes_per_rank(batch: int, n_heads: int, seq_len: int, head_dim: int, world_size: int,
-                           bytes_per_element: int = 4) -> int:
-    """Bytes each rank sends in Ulysses (H query and key/value heads): q, k, v and the output each cross one
-    all-to-all, keeping 1/W of the local block: ``4 (W-1)/W * B H (T/W) D bytes``."""
+                           bytes_per_element: int = 4, *, n_kv_heads: int | None = None) -> int:
+    """Bytes each rank sends in Ulysses: its local q and output blocks (H heads) and k and v blocks (Hkv heads,
+    H when None) each cross one all-to-all, which keeps 1/W of every block at home:
+    ``(W-1)/W * B (2 H + 2 Hkv) (T/W) D`` elements. Per rank that is about 1/W of q, k, v and output together."""
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     for name, x in (("batch", batch), ("n_heads", n_heads), ("seq_len", seq_len), ("head_dim", head_dim),
-                    ("world_size", world_size), ("bytes_per_element", bytes_per_element)):
+                    ("world_size", world_size), ("bytes_per_element", bytes_per_element), ("n_kv_heads", n_kv_heads)):
         _validate.positive_int(name, x)
-    if seq_len % world_size or n_heads % world_size:
-        raise ValueError(f"seq_len={seq_len} and n_heads={n_heads} must be divisible by world_size={world_size}")
-    block = batch * n_heads * (seq_len // world_size) * head_dim * bytes_per_element
-    return 4 * block * (world_size - 1) // world_size
+    if seq_len % world_size or n_heads % world_size or n_kv_heads % world_size:
+        raise ValueError(f"seq_len={seq_len}, n_heads={n_heads} and n_kv_heads={n_kv_heads} must be divisible by "
+                         f"world_size={world_size}")
+    rows = batch * (2 * n_heads + 2 * n_kv_heads) * (seq_len // world_size) * head_dim * bytes_per_element
+    return rows * (world_size - 1) // world_size
 
 
 # ----------------------------------------------------------------------------- launching processes
@@ -229,28 +349,43 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
         return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
+def _split(x: torch.Tensor, rank: int, world_size: int, layout: str) -> torch.Tensor:
+    """The rank's part of x (..., T, D) along T: its chunks for `layout`, in order."""
+    chunks = ring_chunks(world_size, layout)
+    parts = torch.tensor_split(x, sum(len(c) for c in chunks), dim=-2)
+    return torch.cat([parts[c] for c in chunks[rank]], dim=-2)
+
+
+def _unsplit(parts: list[torch.Tensor], layout: str) -> torch.Tensor:
+    """Inverse of :func:`_split`: every rank's part (..., T_r, D) -> the whole (..., T, D) in sequence order."""
+    chunks = ring_chunks(len(parts), layout)
+    pieces = {c: p for cs, part in zip(chunks, parts) for c, p in zip(cs, part.chunk(len(cs), dim=-2))}
+    return torch.cat([pieces[c] for c in sorted(pieces)], dim=-2)
+
+
 def _attention_worker(rank: int, world_size: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      methods: tuple[str, ...], causal: tuple[bool, ...]) -> dict:
-    """One rank of :func:`distributed_attention`: its slice of the sequence through every method and mask."""
-    blocks = [torch.tensor_split(x, world_size, dim=-2)[rank] for x in (query, key, value)]  # (..., T_r, D)
+                      methods: tuple[str, ...], causal: tuple[bool, ...], layout: str = "contiguous") -> dict:
+    """One rank of :func:`distributed_attention`: its part of the sequence through every method and mask."""
     results = {}
     for method in methods:
         for is_causal in causal:
             if method == "ring":
-                r = ring_attention(*blocks, is_causal=is_causal)
-                results[method, is_causal] = (r.out, r.bytes_sent, r.blocks_computed)
+                blocks = [_split(x, rank, world_size, layout) for x in (query, key, value)]  # (..., T_r, D)
+                r = ring_attention(*blocks, is_causal=is_causal, layout=layout)
+                results[method, is_causal] = (r.out, r.bytes_sent, r.pairs_scored)
             else:
+                blocks = [_split(x, rank, world_size, "contiguous") for x in (query, key, value)]
                 out, sent = ulysses_attention(*blocks, is_causal=is_causal)
-                results[method, is_causal] = (out, sent, 1)
+                results[method, is_causal] = (out, sent, None)
     return results
 
 
 def distributed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, world_size: int, *,
                           methods: tuple[str, ...] = ("ring",), causal: tuple[bool, ...] = (False, True),
-                          timeout: float = 120.0) -> dict:
-    """Split q, k, v (B, H, T, D) along T over `world_size` processes and run each method ("ring",
-    "ulysses") with each causal flag, all in one launch. Returns ``{(method, is_causal): (out (B, H, T, Dv),
-    [bytes sent by each rank], [key/value blocks each rank computed with])}``."""
+                          layout: str = "contiguous", timeout: float = 120.0) -> dict:
+    """Split q, k, v (B, H, T, D) along T over `world_size` processes (ring: chunks by `layout`) and run each
+    method ("ring", "ulysses") with each causal flag, all in one launch. Returns ``{(method, is_causal): (out
+    (B, H, T, Dv), [bytes sent by each rank], [pairs each rank scored (ring) or None])}``."""
     _check_qkv(query, key, value)
     _validate.positive_int("world_size", world_size)
     if query.shape[-2] != key.shape[-2] or query.shape[-2] < world_size:
@@ -259,23 +394,8 @@ def distributed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     bad = set(methods) - {"ring", "ulysses"}
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty tuple of 'ring' and 'ulysses', got {methods!r}")
-    ranks = run_distributed(_attention_worker, world_size, query, key, value, tuple(methods), tuple(causal),
+    ring_chunks(world_size, layout)  # validates the layout here, before any process starts
+    ranks = run_distributed(_attention_worker, world_size, query, key, value, tuple(methods), tuple(causal), layout,
                             timeout=timeout)
-    return {name: (torch.cat([r[name][0] for r in ranks], dim=-2),  # (B, H, T, Dv)
+    return {name: (_unsplit([r[name][0] for r in ranks], layout if name[0] == "ring" else "contiguous"),
                    [r[name][1] for r in ranks], [r[name][2] for r in ranks]) for name in ranks[0]}
-
-
-def _main() -> None:  # pragma: no cover - a demo: python -m attncourse.ring
-    from attncourse import ring  # the package's module, not __main__: children import their function from it
-    from attncourse.sdpa import scaled_dot_product_attention
-
-    q, k, v = torch.randn(3, 1, 4, 64, 16).unbind(0)  # (B, H, T, D) each
-    for world in (2, 4):
-        got = ring.distributed_attention(q, k, v, world, methods=("ring", "ulysses"))
-        for (method, is_causal), (out, sent, _) in got.items():
-            err = (out - scaled_dot_product_attention(q, k, v, is_causal=is_causal)).abs().max().item()
-            print(f"W={world} {method:8} causal={is_causal!s:5} max error {err:.1e}  bytes sent per rank {sent}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _main()

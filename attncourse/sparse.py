@@ -14,9 +14,11 @@ sliding window         ``0 <= i - j < w`` (``masks.sliding_window``)    O(T w)
 :func:`bigbird`        Longformer + r random key blocks per query      O(T (w + g + r))
 =====================  ==============================================  ======================
 
-:func:`count_scored_pairs` counts the pairs a pattern keeps, one block of query rows at a time, and
-:func:`gathered_attention` computes attention over only those pairs (gathering each query's keys), so
-its work grows with the pair count rather than with T².
+:func:`count_scored_pairs` counts the pairs a pattern keeps, one block of query rows at a time.
+:func:`gathered_attention` gathers each query's allowed keys, padded to the widest row: it equals dense
+attention under the mask, but its memory and work are O(Tq N D) with N the most keys any query sees, so one
+global token (N = Tk) makes it build a (Tq, Tk, D) tensor, far more than dense attention's (Tq, Tk) scores.
+Sparsity pays at the granularity of tiles instead: see :mod:`attncourse.block_sparse`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _named(mask: MaskMod, name: str) -> MaskMod:
 
 
 def dilated(window: int, dilation: int) -> MaskMod:
-    """Causal dilated window: query i sees keys i, i - d, ..., i - (w-1) d (w keys spread over w*d).
+    """Causal dilated window (Longformer's dilated sliding window, Beltagy et al. 2020, section 3.1): query i
+    sees keys i, i - d, ..., i - (w-1) d (w keys spread over w*d).
 
     ``dilation=1`` is ``masks.sliding_window(window)``. Different heads often use different
     dilations so that together they cover every offset.
@@ -185,8 +188,10 @@ def gathered_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """Attention computed only on the pairs a sparse `mask` allows: each query gathers its own keys.
 
     query (..., Tq, D), key (..., Tk, D), value (..., Tk, Dv), mask bool (Tq, Tk). Scores and weights are
-    (..., Tq, N) with N the most keys any query sees, so the work is O(Tq N D), not O(Tq Tk D). Equal to
-    dense attention under the same mask; a query with no allowed key gets zeros.
+    (..., Tq, N) with N the most keys any query sees, and the gathered keys and values (..., Tq, N, D): work and
+    memory O(Tq N D). That pays only when every row sees few keys; with a global token N = Tk and the gathered
+    keys alone are D times the dense score matrix. Equal to dense attention under the same mask; a query with
+    no allowed key gets zeros. Kept to show why sparsity is done per tile (:mod:`attncourse.block_sparse`).
     """
     _check_qkv(query, key, value)
     _validate.tensor("mask", mask, min_rank=2)

@@ -136,3 +136,80 @@ def test_pool_exhaustion_and_bad_input():
         memory_waste([3, 40], max_len=32, page_size=4)
     with pytest.raises(TypeError, match="seq_ids"):
         paged_attention(torch.zeros(1, 1, 1, 2), cache, s)
+
+
+# ----------------------------------------------------------------------------- in place, ALiBi, prefix caching
+
+
+def _filled_cache(lengths, h_kv=2, d=8, page=4, seed=0):
+    from attncourse.paged_cache import PagedKVCache
+
+    g = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(64, page, h_kv, d, dtype=torch.float64)
+    ids = [cache.add_sequence() for _ in lengths]
+    full = {s: torch.randn(2, h_kv, n, d, generator=g, dtype=torch.float64) for s, n in zip(ids, lengths)}
+    for t in range(max(lengths)):  # round-robin: pages interleave
+        for s, n in zip(ids, lengths):
+            if t < n:
+                cache.append(s, full[s][0][:, t:t + 1], full[s][1][:, t:t + 1])
+    return cache, ids, full
+
+
+@pytest.mark.parametrize("pages_per_step", [1, 2, 5])
+@pytest.mark.parametrize("t_q", [1, 3])
+def test_paged_attention_with_alibi_equals_dense(pages_per_step, t_q):
+    from attncourse.positions import alibi_slopes
+
+    cache, ids, full = _filled_cache([5, 13, 3, 9])
+    q = torch.randn(4, 6, t_q, 8, dtype=torch.float64)
+    slopes = alibi_slopes(6).double()
+    got = paged_attention(q, cache, ids, alibi_slopes=slopes, pages_per_step=pages_per_step)
+    for row, s in enumerate(ids):
+        k, v = (x.repeat_interleave(3, dim=0) for x in full[s])  # (H, L, D)
+        n = k.shape[1]
+        q_pos, k_pos = torch.arange(n - t_q, n)[:, None], torch.arange(n)[None, :]
+        bias = (-slopes[:, None, None] * (q_pos - k_pos)).masked_fill(k_pos > q_pos, float("-inf"))
+        torch.testing.assert_close(got[row], F.scaled_dot_product_attention(q[row], k, v, attn_mask=bias))
+
+
+def test_paged_attention_makes_no_dense_copy():
+    from attncourse.chunked import peak_tensor_bytes
+
+    cache, ids, _ = _filled_cache([200, 120], h_kv=2, d=16, page=8)
+    q = torch.randn(2, 4, 1, 16, dtype=torch.float64)
+    _, in_place = peak_tensor_bytes(paged_attention, q, cache, ids)
+    one_sequence = 2 * 200 * 16 * 8  # (Hkv, L, D) float64 keys of the longest sequence
+    assert in_place < one_sequence  # less than a copy of one sequence's keys
+
+
+def test_prefix_cache_reuses_full_blocks_only():
+    from attncourse.paged_cache import PagedKVCache
+    from attncourse.prefix_cache import PrefixCache, block_hashes
+
+    cache = PagedKVCache(32, 4, 1, 2, dtype=torch.float64)
+    prefix = PrefixCache(cache)
+    calls = []
+
+    def kv_of(tokens):
+        def compute(start, stop):
+            calls.append((start, stop))
+            t = torch.tensor(tokens[start:stop], dtype=torch.float64)[None, :, None].expand(1, -1, 2)  # (1, n, 2)
+            return t.clone(), -t
+
+        return compute
+
+    system = list(range(100, 110))  # 10 tokens: two full pages of 4 and two tokens
+    first, reused = prefix.add_prompt(system + [1, 2], kv_of(system + [1, 2]))
+    assert reused == 0 and calls[-1] == (0, 12)
+    second, reused = prefix.add_prompt(system + [7, 8, 9], kv_of(system + [7, 8, 9]))
+    assert reused == 8 and calls[-1] == (8, 13)  # the two full pages of the system prompt are reused
+    assert cache.block_tables[second][:2] == cache.block_tables[first][:2]
+    for s, tokens in ((first, system + [1, 2]), (second, system + [7, 8, 9])):
+        assert cache.gather(s)[0][0, :, 0].tolist() == [float(t) for t in tokens]
+    assert block_hashes([1, 2, 3, 4, 5], 4) != block_hashes([9, 2, 3, 4, 5], 4)
+    assert block_hashes([5, 6, 7, 8], 4) != block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)[1:]  # chained: the prefix counts
+    _, reused = prefix.add_prompt(system[:8], kv_of(system[:8]))  # the whole prompt cached: its last token recomputed
+    assert reused == 4
+    cache.free(first)
+    cache.free(second)
+    assert prefix.evict() > 0

@@ -1,11 +1,17 @@
-"""Checks for chapter 08, online softmax (solutions/08_online_softmax.ipynb)."""
+"""Checks for chapter 08, online softmax (solutions/08_online_softmax.ipynb).
+
+Expected values come from the package (:mod:`attncourse.online_softmax`) or from PyTorch's own reductions in
+float64, never from a copy of the solution.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from attncourse.online_softmax import (AttentionState, SoftmaxState, merge_softmax_states, one_pass_softmax,
-                              online_attention_update, online_softmax_trace, softmax_state)
+from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, merge_attention_states,
+                                       merge_softmax_states, online_softmax_trace, softmax_state)
 from . import Case, exercise
 
 NEG_INF = float("-inf")
@@ -16,97 +22,194 @@ def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0, dtype=torch.fl
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
 
-@exercise("08-merge", "merge_states", points=2,
-          hint="m = max(m_a, m_b); rescale each sum to the new max: l = l_a*exp(m_a - m) + l_b*exp(m_b - m); "
-               "where m is -inf (both sides empty) subtract 0 instead, so exp(-inf) = 0 and no NaN appears")
-def _merge():
-    """Merge two (max, sum) states into the state of both chunks together."""
+# ----------------------------------------------------------------------------- 1. merge many states at once
+
+
+def _shortcut_merge_fold(m_all, l_all):
+    """A left fold of the package's pairwise merge: must be refused."""
+    states = [SoftmaxState(m, l) for m, l in zip(m_all, l_all)]
+    return tuple(functools.reduce(merge_softmax_states, states))
+
+
+def _shortcut_merge_lse(m_all, l_all):
+    """Through torch.logsumexp of the per-chunk log-sum-exps: must be refused."""
+    m = m_all.amax(dim=0)
+    ref = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    lse = torch.logsumexp(m_all - ref + torch.log(l_all), dim=0)  # relative to the merged max: no cancellation
+    return m, torch.exp(lse)
+
+
+@exercise("08-merge-many", "merge_many", points=2, category="implement",
+          forbid=("torch.logsumexp", "torch.logaddexp", "attncourse.online_softmax.merge_softmax_states",
+                  "attncourse.online_softmax.merge_attention_states"),
+          shortcuts=(_shortcut_merge_fold, _shortcut_merge_lse),
+          title="Merge K chunk states in one step",
+          hint="the merged maximum is the largest of the K maxima; each chunk's sum was taken relative to its own "
+               "maximum, so bring every one to the merged maximum before adding. Chunks that are empty must drop "
+               "out, and a row where every chunk is empty must come out as the empty state, without NaN: what can "
+               "you subtract where the merged maximum is minus infinity?")
+def _merge_many():
+    """Merge K stacked (max, sum) states (K, ...) into the state of all K chunks together."""
     gen = torch.Generator().manual_seed(8)
     cases = []
 
-    def add(name, a, b, **tol):
-        m, l = merge_softmax_states(a, b)
-        cases.append(Case(name, (a.m, a.l, b.m, b.l), expected=(m, l), **tol))
+    def add(name, xs, **tol):
+        states = [softmax_state(x) for x in xs]  # each (m, l) of shape (R,)
+        m_all, l_all = torch.stack([s.m for s in states]), torch.stack([s.l for s in states])  # (K, R)
+        whole = softmax_state(torch.cat(xs, dim=-1))  # the state of the concatenated row: the definition
+        cases.append(Case(name, (m_all, l_all), expected=(whole.m, whole.l), **tol))
 
-    add("two chunks of 5 rows", softmax_state(_randn(gen, 5, 7, scale=3)), softmax_state(_randn(gen, 5, 4, scale=3)))
-    a = softmax_state(_randn(gen, 4, 6))
-    add("b's max is larger in every row", a, softmax_state(_randn(gen, 4, 3) + 10))
-    empty = SoftmaxState(torch.full((4,), NEG_INF, dtype=torch.float64), torch.zeros(4, dtype=torch.float64))
-    add("b is empty (-inf, 0): the result is a", a, empty)
-    add("a is empty (-inf, 0): the result is b", empty, a)
-    add("both empty: expect (-inf, 0), not NaN", empty, empty)
-    big = softmax_state(_randn(gen, 3, 5, dtype=torch.float32) * 100 + 1e4)
-    add("maxima near 1e4 in float32 (exp(m) would overflow)", big,
-        softmax_state(_randn(gen, 3, 5, dtype=torch.float32) * 100 + 1e4), rtol=1e-5, atol=1e-5)
+    add("3 chunks of a (5, .) block", [_randn(gen, 5, n, scale=3) for n in (7, 4, 9)])
+    add("one chunk (K = 1) is returned unchanged", [_randn(gen, 4, 6)])
+    xs = [_randn(gen, 4, 5) for _ in range(6)]
+    xs[2][:] = NEG_INF  # a fully masked chunk
+    xs[0][1] = NEG_INF  # row 1 empty in chunk 0 ...
+    add("a fully masked chunk and a row empty in some chunks", xs)
+    add("every chunk empty in every row: (-inf, 0), not NaN", [torch.full((3, 4), NEG_INF, dtype=torch.float64)] * 4)
+    add("maxima near 1e4 in float32 (exp(m) would overflow)",
+        [_randn(gen, 3, 5, dtype=torch.float32) * 100 + 1e4 for _ in range(5)], rtol=1e-5, atol=1e-5)
     return cases
 
 
-@exercise("08-one-pass-softmax", "softmax_one_pass", points=3,
-          forbid=("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.logsumexp"),
-          hint="keep m (running max) and l (running sum) per row; for each chunk: m_new = max(m, chunk max), "
-               "alpha = exp(m - m_new) rescales l AND the outputs already written, write exp(chunk - m_new), "
-               "and divide everything by l at the end (0 where l == 0)")
-def _one_pass():
-    """Softmax over the last dim that reads the input once, chunk by chunk."""
+# ----------------------------------------------------------------------------- 2. one-pass log-softmax
+
+
+def _log_softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    out = torch.log_softmax(x, dim=-1)
+    return torch.where(torch.isneginf(x).all(dim=-1, keepdim=True), torch.full_like(x, NEG_INF), out)
+
+
+def _shortcut_log_softmax(x, chunk_size):
+    """PyTorch's log_softmax, with the fully masked rows mended: must be refused."""
+    return _log_softmax_reference(x)
+
+
+def _shortcut_logsumexp(x, chunk_size):
+    """x minus torch.logsumexp of the row: must be refused."""
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+@exercise("08-one-pass-log-softmax", "log_softmax_one_pass", points=3, category="implement",
+          forbid=("torch.log_softmax", "torch.softmax", "torch.logsumexp",
+                  "attncourse.online_softmax.one_pass_softmax", "attncourse.online_softmax.two_pass_softmax",
+                  "attncourse.online_softmax.online_softmax_state"),
+          shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp),
+          title="A log-softmax that reads its input once",
+          hint="write each chunk relative to the running maximum as soon as you read it, in log space; when the "
+               "maximum grows, what operation brings what you already wrote to the new maximum (in log space it "
+               "is not a product)? At the end one more correction per row finishes the job. A fully masked row "
+               "gives minus infinity everywhere, never NaN")
+def _one_pass_log():
+    """Log-softmax over the last dim that reads the input once, chunk by chunk."""
     gen = torch.Generator().manual_seed(9)
     cases = []
 
     def add(name, x, chunk_size, **tol):
-        cases.append(Case(name, (x, chunk_size), expected=one_pass_softmax(x, chunk_size=chunk_size), **tol))
+        cases.append(Case(name, (x, chunk_size), expected=_log_softmax_reference(x), **tol))
 
     add("(3, 10) in chunks of 4 (4 does not divide 10)", _randn(gen, 3, 10, scale=2), 4)
     add("an increasing row in chunks of 1: the max grows at every step",
         torch.linspace(-3, 6, 10, dtype=torch.float64), 1)
-    add("a decreasing row in chunks of 3", torch.linspace(6, -3, 10, dtype=torch.float64), 3)
-    add("large entries (around 300) in float32: naive exp overflows",
-        _randn(gen, 2, 9, scale=50, dtype=torch.float32) + 300, 3, rtol=1e-5, atol=1e-6)
+    add("large entries (around 300) in float32: exp overflows unless shifted",
+        _randn(gen, 2, 9, scale=50, dtype=torch.float32) + 300, 3, rtol=1e-5, atol=1e-4)
+    add("a spread of 2000 within a row: tiny probabilities keep a finite log", _randn(gen, 2, 12, scale=600), 5)
     x = _randn(gen, 4, 8)
     x[0, :5] = NEG_INF
     x[1, ::2] = NEG_INF
     x[2] = NEG_INF
-    add("-inf entries, a first chunk fully masked, and a fully masked row (zeros, not NaN)", x, 2)
+    add("-inf entries, a first chunk fully masked, and a fully masked row (-inf, not NaN)", x, 2)
     add("one chunk bigger than the row", _randn(gen, 2, 5), 50)
     return cases
 
 
-@exercise("08-rescale-bug", "online_update_fixed", points=2,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="when the running max grows from m to m_new, everything accumulated relative to m must be "
-               "multiplied by alpha = exp(m - m_new): the sum l and the accumulator acc alike; "
-               "use 0 instead of m_new where m_new is -inf")
-def _rescale_bug():
-    """Fix an online attention update that forgets to rescale the accumulator."""
+# ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
+
+
+@exercise("08-merge-bug", "merge_partial_fixed", points=2, category="bug",
+          forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
+          bug_words=("forgets to rescale", "forgot to rescale", "without rescaling", "unrescaled",
+                     "rescale the accumulator", "rescale acc", "accumulator is not rescaled"),
+          title="Fix the merge of two partial attention results",
+          hint="each partial result was accumulated relative to its own running maximum; after the merge, is every "
+               "quantity that was accumulated under an old maximum expressed relative to the new one?")
+def _merge_bug():
+    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that is wrong when the maxima differ."""
     gen = torch.Generator().manual_seed(10)
     cases = []
 
-    def add(name, m, l, acc, scores, value):
-        expected = tuple(online_attention_update(AttentionState(m, l, acc), scores, value))
-        cases.append(Case(name, (m, l, acc, scores, value), expected=expected))
+    def state(scores, value):
+        m0 = torch.full(scores.shape[:-1], NEG_INF, dtype=torch.float64)
+        from attncourse.online_softmax import online_attention_update
 
-    tq, c, dv = 3, 4, 5
-    add("first chunk, from the empty state (-inf, 0, 0)", torch.full((tq,), NEG_INF, dtype=torch.float64),
-        torch.zeros(tq, dtype=torch.float64), torch.zeros(tq, dv, dtype=torch.float64),
-        _randn(gen, tq, c), _randn(gen, c, dv))
-    m, l, acc = torch.zeros(tq, dtype=torch.float64), torch.full((tq,), 2.0, dtype=torch.float64), _randn(gen, tq, dv)
-    add("the new chunk raises the max (scores around 4 > m = 0)", m, l, acc, _randn(gen, tq, c) + 4, _randn(gen, c, dv))
-    add("the new chunk stays below the max (alpha = 1)", m + 10, l, acc, _randn(gen, tq, c), _randn(gen, c, dv))
-    m, l, acc = _randn(gen, 2, tq), torch.rand(2, tq, generator=gen, dtype=torch.float64) + 1, _randn(gen, 2, tq, dv)
-    add("batched (2, 3) rows, scores mixed around the max", m, l, acc,
-        _randn(gen, 2, tq, c, scale=2), _randn(gen, 2, c, dv))
-    m = torch.tensor([NEG_INF, 0.5, NEG_INF], dtype=torch.float64)
-    l, acc = torch.tensor([0.0, 1.5, 0.0], dtype=torch.float64), torch.zeros(tq, dv, dtype=torch.float64)
-    acc[1] = 1.0
-    scores = _randn(gen, tq, c)
-    scores[0] = NEG_INF  # an empty row gets a fully masked chunk: it must stay (-inf, 0, 0)
-    add("a fully masked chunk on a row with nothing yet (no NaN)", m, l, acc, scores, _randn(gen, c, dv))
+        return online_attention_update(AttentionState(m0, torch.zeros_like(m0),
+                                                      torch.zeros(*m0.shape, value.shape[-1], dtype=torch.float64)),
+                                       scores, value)
+
+    def add(name, s_a, v_a, s_b, v_b):
+        a, b = state(s_a, v_a), state(s_b, v_b)
+        expected = tuple(merge_attention_states(a, b))
+        whole = finalize_attention_state(state(torch.cat([s_a, s_b], -1), torch.cat([v_a, v_b], -2)))[0]
+        merged = finalize_attention_state(merge_attention_states(a, b))[0]
+        assert torch.allclose(merged, whole)  # the reference itself: merged halves = attention over all keys
+        cases.append(Case(name, (*a, *b), expected=expected))
+
+    tq, dv = 3, 5
+    add("two halves of 4 keys, similar scores", _randn(gen, tq, 4), _randn(gen, 4, dv), _randn(gen, tq, 4),
+        _randn(gen, 4, dv))
+    add("the second half scores much higher (its max wins)", _randn(gen, tq, 4), _randn(gen, 4, dv),
+        _randn(gen, tq, 6) + 5, _randn(gen, 6, dv))
+    add("batched (2, 3) rows, the first half higher", _randn(gen, 2, tq, 5) + 3, _randn(gen, 2, 5, dv),
+        _randn(gen, 2, tq, 2), _randn(gen, 2, 2, dv))
+    s_b = _randn(gen, tq, 4)
+    s_b[1] = NEG_INF  # row 1 sees nothing in the second half
+    add("a row that sees no key in one half (no NaN)", _randn(gen, tq, 3), _randn(gen, 3, dv), s_b, _randn(gen, 4, dv))
     return cases
 
 
-@exercise("08-predict-rescale", "predicted", kind="value", points=1,
-          hint="go one entry at a time: m_j = max(m_{j-1}, x_j), the factor is exp(m_{j-1} - m_j) (0 at the first "
-               "step, 1 whenever the max does not change), and l_j = l_{j-1} * factor + exp(x_j - m_j)")
+# ----------------------------------------------------------------------------- 4. predict the trace
+
+
+@exercise("08-predict-rescale", "predicted", kind="value", points=1, category="predict",
+          parts=("running_max", "rescale", "running_sum"),
+          hint="go one entry at a time: the running maximum only ever grows; the factor applied to the old sum is "
+               "1 whenever the maximum stays put (and 0 at the first step, where there is nothing to rescale); the "
+               "sum shrinks by that factor, then gains the new entry's exponential relative to the current maximum")
 def _predict():
     """Predict the running max, the rescale factors and the running sum over the row (2, 1, 4, 4, 3)."""
     t = online_softmax_trace(torch.tensor(PREDICT_ROW, dtype=torch.float64), chunk_size=1)
     expected = (t["running_max"].tolist(), t["rescale"].tolist(), t["running_sum"].tolist())
     return [Case("(running_max, rescale, running_sum) over (2, 1, 4, 4, 3)", expected=expected, rtol=1e-3, atol=1e-3)]
+
+
+# ----------------------------------------------------------------------------- 5. experiment: what rescaling costs
+
+
+def rescale_cost(seed: int, n: int, chunk_size: int, drift: float = 0.0) -> tuple[int, int]:
+    """Reference: (chunks after the first where the running max grows, elements already written that the one-pass
+    softmax rescales then) for the row ``randn(n) + drift * arange(n)`` drawn with ``seed`` in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen, dtype=torch.float64) + drift * torch.arange(n, dtype=torch.float64)
+    rescales = written = 0
+    m = NEG_INF
+    for start in range(0, n, chunk_size):
+        top = float(x[start:start + chunk_size].max())
+        if start > 0 and top > m:
+            rescales += 1
+            written += start
+        m = max(m, top)
+    return rescales, written
+
+
+@exercise("08-rescale-cost", "rescale_cost_measured", points=2, category="experiment",
+          hint="draw the row exactly as the exercise says (the generator, the dtype, then the drift); walk over it "
+               "chunk by chunk keeping the running maximum; whenever a chunk after the first raises it, the "
+               "one-pass softmax rescales everything written so far: count the event and the entries touched")
+def _rescale_cost():
+    """Count the rescaling events and the elements they touch, for random rows over several seeds."""
+    cases = []
+    for seed in (0, 1, 2, 3):
+        for n, chunk, drift in ((4096, 64, 0.0), (4096, 64, 0.01), (1000, 7, 0.0)):
+            cases.append(Case(f"seed {seed}, n={n}, chunk_size={chunk}, drift={drift}", (seed, n, chunk, drift),
+                              expected=rescale_cost(seed, n, chunk, drift), compare="equal"))
+    return cases

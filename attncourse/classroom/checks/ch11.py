@@ -1,45 +1,63 @@
-"""Checks for chapter 11, long context in practice (solutions/11_long_context.ipynb)."""
+"""Checks for chapter 11, long context in practice (solutions/11_long_context.ipynb).
+
+Expected values come from the package's reference implementations (block_sparse.tile_states, the paged cache,
+chapter 08's merge, ring_bytes_per_rank, the scheduler) or from dense attention over the same pairs, never
+from a copy of a solution.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from attncourse.masks import materialize, or_masks
+from attncourse.block_sparse import tile_states
 from attncourse.online_softmax import AttentionState, finalize_attention_state, merge_attention_states
 from attncourse.paged_cache import PagedKVCache
 from attncourse.ring import ring_bytes_per_rank
-from attncourse.sparse import global_tokens, local
+from attncourse.scheduler import random_workload, simulate
+from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
-# The configuration of exercise 4: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
+# The configuration of the prediction: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
 RING_CONFIG = dict(batch=1, n_kv_heads=8, seq_len=131072, head_dim=128, world_size=8, bytes_per_element=2)
 
 
-def _bigbird_reference(seq_len: int, window: int, n_global: int, table: torch.Tensor, block_size: int) -> torch.Tensor:
-    band_and_global = materialize(or_masks(local(window), global_tokens(n_global)), seq_len, seq_len)  # (T, T)
-    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
-    return band_and_global | table[i // block_size, j // block_size]  # (T, T)
+# ----------------------------------------------------------------------------- 1. tile states from a dense mask
 
 
-@exercise("11-bigbird-mask", "bigbird_mask", points=2,
-          hint="three (T, T) boolean masks joined with |: the band |i - j| <= window // 2, the global rows and columns "
-               "(i < n_global or j < n_global), and the random blocks table[i // block_size, j // block_size]; "
-               "build i as a column (T, 1) and j as a row (1, T) so they broadcast")
-def _bigbird():
-    """BigBird's mask from its three parts, given the random block table."""
+def _shortcut_tile_states(mask, block_q, block_k):
+    """The package's tile_states on a mask function that looks the dense mask up: must be refused."""
+    return tile_states(lambda b, h, i, j: mask[i, j], mask.shape[0], mask.shape[1], block_q, block_k)
+
+
+@exercise("11-tile-states", "tile_states_of", points=2, category="implement",
+          forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map",
+                  "torch.nn.attention.flex_attention.create_block_mask"),
+          shortcuts=(_shortcut_tile_states,),
+          hint="pad the mask up to whole tiles with pairs that count neither as allowed nor as missing, then count "
+               "the allowed pairs of each tile and compare the count with zero and with the number of real pairs "
+               "the tile holds (tiles on the last row or column are smaller)")
+def _tile_states_cases():
+    """From a dense boolean mask, the state of every (block_q x block_k) tile: 0 empty, 1 partial, 2 full."""
     gen = torch.Generator().manual_seed(11)
     cases = []
-    for name, (t, w, g, bs, r) in {
-        "T=16, window 4, 1 global, blocks of 4, 1 random block each": (16, 4, 1, 4, 1),
-        "T=13 (not a multiple of the block), window 3, 2 global, blocks of 3": (13, 3, 2, 3, 2),
-        "T=10, no global token, blocks of 1 (token-level random keys)": (10, 2, 0, 1, 3),
-    }.items():
-        n_blocks = -(-t // bs)
-        table = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
-        for qb in range(n_blocks):
-            table[qb, torch.randperm(n_blocks, generator=gen)[:r]] = True
-        cases.append(Case(name, (t, w, g, table, bs), expected=_bigbird_reference(t, w, g, table, bs), compare="equal"))
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    specs = [
+        ("causal, T = 32, tiles 8 x 8", (j <= i)[:32, :32], 8, 8),
+        ("sliding window of 6, T = 40, tiles 16 x 8", ((i - j) >= 0) & ((i - j) < 6), 16, 8),
+        ("Longformer-like, Tq = 37, Tk = 29, tiles 8 x 16 (ragged ends)",
+         (((i - j).abs() <= 3) | (i < 2) | (j < 2))[:37, :29], 8, 16),
+        ("random, 5 x 7, tiles 2 x 3", torch.rand(5, 7, generator=gen) < 0.3, 2, 3),
+        ("all allowed, one tile bigger than the mask", torch.ones(6, 5, dtype=torch.bool), 8, 8),
+        ("nothing allowed", torch.zeros(9, 9, dtype=torch.bool), 4, 4),
+    ]
+    for name, mask, bq, bk in specs:
+        mask = mask.contiguous()
+        expected = tile_states(lambda b, h, q, k, m=mask: m[q, k], mask.shape[0], mask.shape[1], bq, bk)
+        cases.append(Case(name, (mask, bq, bk), expected=expected, compare="equal"))
     return cases
+
+
+# ----------------------------------------------------------------------------- 2. the block-table lookup
 
 
 def _paged_reference(pages: torch.Tensor, block_table: list[int], length: int) -> torch.Tensor:
@@ -50,10 +68,12 @@ def _paged_reference(pages: torch.Tensor, block_table: list[int], length: int) -
     return cache.gather(seq)[0]
 
 
-@exercise("11-block-table", "read_sequence", points=2,
-          hint="token t sits in page block_table[t // page_size] at offset t % page_size; either loop over t, or take "
-               "pages[block_table] (n, Hkv, P, D), move the page axis next to the offsets (Hkv, n, P, D), flatten "
-               "them to (Hkv, n*P, D) and keep the first `length` tokens")
+@exercise("11-block-table", "read_sequence", points=2, category="implement",
+          forbid=("attncourse.paged_cache.PagedKVCache.gather",),
+          shortcuts=(_paged_reference,),
+          hint="a token's position tells you two things: which entry of the block table names its page, and where "
+               "inside that page it sits. Either loop over the positions, or take whole pages in table order, put "
+               "the page axis next to the slot axis, merge the two and cut at the length")
 def _block_table():
     """Read one sequence's keys (Hkv, L, D) out of a page pool through its block table."""
     gen = torch.Generator().manual_seed(12)
@@ -67,17 +87,22 @@ def _block_table():
     return cases
 
 
+# ----------------------------------------------------------------------------- 3. merging two ranks' partials
+
+
 def _merge_reference(out_a, lse_a, out_b, lse_b):
     a = AttentionState(lse_a, torch.ones_like(lse_a), out_a)  # a normalised output is acc / l with l = 1 at m = lse
     b = AttentionState(lse_b, torch.ones_like(lse_b), out_b)
     return finalize_attention_state(merge_attention_states(a, b))
 
 
-@exercise("11-merge-ranks", "merge_partials", points=2,
-          forbid=("attncourse.merge_attention_states", "attncourse.online_softmax.merge_attention_states"),
-          hint="lse = logaddexp(lse_a, lse_b); each side's weight is exp(lse_side - lse) (its share of the total "
-               "softmax mass), so out = w_a * out_a + w_b * out_b; where both lse are -inf (no key on either rank) "
-               "return zeros and -inf, not NaN")
+@exercise("11-merge-ranks", "merge_partials", points=2, category="implement",
+          forbid=("attncourse.online_softmax.merge_attention_states", "attncourse.online_softmax.merge_softmax_states",
+                  "attncourse.online_softmax.online_attention_update"),
+          shortcuts=(_merge_reference,),
+          hint="the merged lse is the log of the summed masses of both sides; each side's output then counts in "
+               "proportion to its own share of that mass. A row where both sides are empty must come out as zeros "
+               "and minus infinity: never subtract an infinite reference from itself")
 def _merge_ranks():
     """Merge two ranks' normalised partial outputs and log-sum-exps into the result over both key blocks."""
     gen = torch.Generator().manual_seed(13)
@@ -99,11 +124,81 @@ def _merge_ranks():
     return cases
 
 
-@exercise("11-ring-bytes", "ring_prediction", kind="value", points=1,
-          hint="one step sends one key block and one value block of T / W positions: 2 * B * Hkv * (T / W) * D * "
-               "bytes_per_element; a rank sends W - 1 such steps (the last block it receives is never sent on)")
+# ----------------------------------------------------------------------------- 4. find the bug: paged ALiBi decode
+
+
+def paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes):
+    """Dense reference: gather the sequence, add ALiBi's bias on absolute positions, attend (float64)."""
+    page = k_pages.shape[2]
+    rows = [(block_table[t // page], t % page) for t in range(length)]
+    k = torch.stack([k_pages[p, :, o] for p, o in rows], dim=1).double()  # (H, L, D)
+    v = torch.stack([v_pages[p, :, o] for p, o in rows], dim=1).double()
+    distance = (length - 1) - torch.arange(length, dtype=torch.float64)  # (L,) query at the last position
+    bias = -slopes.double()[:, None, None] * distance  # (H, 1, L)
+    return scaled_dot_product_attention(query.double()[:, None], k, v, bias)[:, 0].to(query.dtype)  # (H, D)
+
+
+@exercise("11-paged-alibi-bug", "paged_alibi_decode_fixed", points=2, category="bug",
+          forbid=("attncourse.paged_cache.paged_attention", "attncourse.paged_cache.PagedKVCache.gather",
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+          bug_words=("within the page", "within its page", "in-page", "page-local", "local offset", "offset inside",
+                     "relative to the page", "slot index"),
+          hint="test sequences that fill more than one page, and compare the bias each key receives with its distance "
+               "from the query as chapter 06 defined it: what position does a key on the third page have?")
+def _paged_alibi_cases():
+    """Find and fix the bug in a paged decode step with ALiBi."""
+    gen = torch.Generator().manual_seed(14)
+    cases = []
+    for name, (n_pages, heads, page, d, table, length) in {
+        "one page, 3 tokens": (4, 2, 4, 8, [2], 3),
+        "two pages in order, 7 tokens": (4, 2, 4, 8, [0, 1], 7),
+        "three pages out of order, 10 tokens": (6, 4, 4, 8, [5, 0, 3], 10),
+        "pages of 2, 9 tokens, 8 heads": (8, 8, 2, 4, [7, 1, 6, 2, 4], 9),
+    }.items():
+        kp = torch.randn(n_pages, heads, page, d, generator=gen, dtype=torch.float64)
+        vp = torch.randn(n_pages, heads, page, d, generator=gen, dtype=torch.float64)
+        q = torch.randn(heads, d, generator=gen, dtype=torch.float64)
+        slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], dtype=torch.float64)
+        cases.append(Case(name, (q, kp, vp, table, length, slopes),
+                          expected=paged_alibi_reference(q, kp, vp, table, length, slopes)))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 5. predict the ring's bytes
+
+
+@exercise("11-ring-bytes", "ring_prediction", kind="value", points=1, category="predict",
+          parts=("bytes one ring step sends", "bytes one rank sends in the whole pass"),
+          hint="a step passes on one block of keys and one block of values, each holding the rank's share of the "
+               "positions for every KV head and head dimension at two bytes each. How many of the W steps send "
+               "something, once the last block received is never passed on?")
 def _ring_bytes():
-    """Predict (bytes one ring step sends, bytes one rank sends in total) for RING_CONFIG."""
+    """Predict (bytes per ring step, bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16."""
     total = ring_bytes_per_rank(**RING_CONFIG)
     return [Case("(bytes per step, bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16",
                  expected=(total // (RING_CONFIG["world_size"] - 1), total), compare="equal")]
+
+
+# ----------------------------------------------------------------------------- 6. experiment: chunked prefill
+
+
+CHUNK_EXPERIMENT = dict(n_requests=24, rate=12.0, budget=512)
+
+
+def chunking_reference(seed: int) -> torch.Tensor:
+    """[max time between tokens without chunking, with chunking (s); throughput without, with (tokens/s)]."""
+    e = CHUNK_EXPERIMENT
+    requests = random_workload(seed, e["n_requests"], rate=e["rate"])
+    plain = simulate(requests, token_budget=4096, chunked=False)
+    chunked = simulate(requests, token_budget=e["budget"], chunked=True)
+    return torch.tensor([max(plain.tbt), max(chunked.tbt), plain.throughput, chunked.throughput], dtype=torch.float64)
+
+
+@exercise("11-chunking-experiment", "chunking_effect", points=2, category="experiment",
+          hint="draw the workload for the seed with the workload generator and the sizes given, serve the same "
+               "requests twice (whole prompts with a budget of 4096, then chunks with a budget of 512) and read "
+               "the longest gap between two tokens and the throughput of each run")
+def _chunking_cases():
+    """Does chunking the prefill help the running decodes, and what does it cost? Three seeds."""
+    return [Case(f"seed {seed}", (seed,), expected=chunking_reference(seed), rtol=1e-9, atol=1e-12)
+            for seed in (0, 1, 2)]
