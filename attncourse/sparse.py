@@ -29,7 +29,7 @@ import torch
 
 from . import _validate
 from .masks import MaskMod, and_masks, causal, materialize_at, or_masks
-from .sdpa import _check_qkv, safe_softmax
+from .sdpa import _check_qkv, compute_dtype, safe_softmax
 
 __all__ = ["dilated", "log_dilated", "local", "global_tokens", "longformer", "bigbird_random",
            "bigbird", "count_scored_pairs", "gathered_attention", "allowed_keys"]
@@ -198,9 +198,14 @@ def gathered_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     if mask.shape != (query.shape[-2], key.shape[-2]):
         raise ValueError(f"mask must be (Tq, Tk) = {(query.shape[-2], key.shape[-2])}, got {tuple(mask.shape)}")
     index, valid = allowed_keys(mask)  # (Tq, N) each
+    dtype = value.dtype
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    # Float32 for half precision (the gathers' gradients also add up in float32), rounded once at the end.
+    work = compute_dtype(query.dtype)
+    query, key, value = query.to(work), key.to(work), value.to(work)
     k_sel = key[..., index, :]  # (..., Tk, D) -> (..., Tq, N, D)
     v_sel = value[..., index, :]  # (..., Tk, Dv) -> (..., Tq, N, Dv)
     scores = (k_sel @ query[..., None]).squeeze(-1) * scale  # (..., Tq, N, D) @ (..., Tq, D, 1) -> (..., Tq, N)
     weights = safe_softmax(scores.masked_fill(~valid, float("-inf")))  # (..., Tq, N)
-    return (weights[..., None, :] @ v_sel).squeeze(-2)  # (..., Tq, 1, N) @ (..., Tq, N, Dv) -> (..., Tq, Dv)
+    out = (weights[..., None, :] @ v_sel).squeeze(-2)  # (..., Tq, 1, N) @ (..., Tq, N, Dv) -> (..., Tq, Dv)
+    return out.to(dtype)

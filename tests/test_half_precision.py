@@ -88,8 +88,7 @@ FUNCTIONS = {
     "online_attention": (lambda q, k, v: online_attention(q, k, v, is_causal=True, chunk_size=16)[0], True, []),
     "gathered_attention (sparse)": (
         lambda q, k, v: gathered_attention(q, k, v, torch.ones(T, T, dtype=torch.bool).tril()), True,
-        [xfail("sparse.gathered_attention computes its scores and softmax in half (no compute_dtype): "
-               "3-6x the rounding error (owner ch11)")]),
+        []),
     "chunked_causal_attention": (
         lambda q, k, v: chunked_causal_attention(q, k, v, 8), True,
         []),
