@@ -195,3 +195,24 @@ def test_threads_validates_and_restores():
 def test_full_config():
     full = Seq2SeqConfig.full(steps=5)
     assert full.max_len > Seq2SeqConfig().max_len and full.steps == 5 and full.key_size == full.decoder_size
+
+
+def test_run_seeds_trains_each_kind_per_seed_and_workers_change_nothing():
+    from attncourse.seq2seq import accuracy_rows, run_seeds
+
+    config = Seq2SeqConfig(**SMALL, steps=6)
+    alone = run_seeds(["none", "dot"], seeds=(0, 1), config=config, lengths=[2, 5], n=20, progress=False)
+    forked = run_seeds(["none", "dot"], seeds=(0, 1), config=config, lengths=[2, 5], n=20, workers=2,
+                       progress=False)
+    assert list(alone) == ["none", "dot"] and [r.seed for r in alone["dot"]] == [0, 1]
+    for kind in alone:
+        for a, b in zip(alone[kind], forked[kind]):
+            assert a.losses == b.losses and a.accuracy == b.accuracy  # same model, whatever process trained it
+    assert alone["dot"][0].losses != alone["dot"][1].losses  # the seed changes the initialisation and the batches
+    single = build_model("dot", Seq2SeqConfig(**SMALL, steps=6, seed=1))
+    assert train(single, progress=False) == alone["dot"][1].losses  # a Run is exactly one train() of that seed
+    rebuilt = alone["dot"][1].model(config)
+    assert all(torch.equal(p, q) for p, q in zip(rebuilt.parameters(), single.parameters()))
+    assert accuracy_rows(alone["none"], [2, 5]).shape == (2, 2)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        run_seeds(["luong"], config=config)
