@@ -160,7 +160,7 @@ def seed_spread(x: Sequence[float], runs: Mapping[str, Sequence[Sequence[float]]
         for row in arr:
             ax.plot(x, row, ls="none", marker=mark, ms=3, color=colour, alpha=0.45)
         ax.plot(x, arr.mean(0), marker=mark, ms=6, color=colour, ls=("-", "--", "-.", ":")[i % 4],
-                label=f"{name} (mean of {arr.shape[0]} seeds, band: min-max)")
+                label=f"{name} (mean of {arr.shape[0]} seeds, band: min-max)" if len(arr) > 1 else f"{name} (1 seed)")
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.set_title(title)

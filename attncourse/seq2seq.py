@@ -270,6 +270,23 @@ def time_per_step(model: Seq2Seq, repeats: int = 5, warmup: int = 1) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def step_times(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -> dict[str, float]:
+    """Median seconds of one training step (as :func:`time_per_step`) of each model, measured in turns (one step of
+    each model, then again), so that a change in the machine's load affects every model alike."""
+    batches = {name: reverse_batch(m.config.batch_size, m.config.max_len, m.config.max_len, m.config.num_digits,
+                                   torch.Generator().manual_seed(0)) for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with threads(1):
+        for i in range(warmup + _validate.positive_int("repeats", repeats)):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model.zero_grad()
+                loss_on(model, batches[name]).backward()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def count_parameters(module: nn.Module | None) -> int:
     """Trainable parameters of `module` (0 for None)."""
     return 0 if module is None else sum(p.numel() for p in module.parameters() if p.requires_grad)

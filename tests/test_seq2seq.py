@@ -216,3 +216,26 @@ def test_run_seeds_trains_each_kind_per_seed_and_workers_change_nothing():
     assert accuracy_rows(alone["none"], [2, 5]).shape == (2, 2)
     with pytest.raises(ValueError, match="attention must be one of"):
         run_seeds(["luong"], config=config)
+
+
+def test_seed_spread_and_the_encoder_decoder_diagram_draw_labelled_figures():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attncourse import plot
+
+    rows = {"a": [[0.1, 0.2, 0.3], [0.2, 0.3, 0.4]], "b": torch.rand(3, 3)}
+    ax = plot.seed_spread([4, 5, 6], rows, title="t", xlabel="x", ylabel="y", ylim=(0, 1))
+    assert ax.get_title() == "t" and ax.get_xlabel() == "x" and ax.get_ylabel() == "y"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["a (mean of 2 seeds, band: min-max)", "b (mean of 3 seeds, band: min-max)"]
+    means = [line for line in ax.get_lines() if line.get_label().startswith("a ")][0]
+    assert means.get_marker() != [line for line in ax.get_lines() if line.get_label().startswith("b ")][0].get_marker()
+    assert list(means.get_ydata()) == pytest.approx([0.15, 0.25, 0.35])
+    with pytest.raises(ValueError, match="rows of 2 values for 3 x positions"):
+        plot.seed_spread([4, 5, 6], {"a": [[0.1, 0.2]]}, title="t", xlabel="x", ylabel="y")
+    fig = plot.encoder_decoder_diagram(weights=(0.2, 0.8), step=1)
+    assert len(fig.axes) == 2 and all(a.get_title() for a in fig.axes)
+    plt.close("all")
