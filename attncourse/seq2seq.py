@@ -321,10 +321,11 @@ def _train_one(kind: str, seed: int, config: Seq2SeqConfig, lengths: list[int] |
 
 
 def run_seeds(kinds: Sequence[str], seeds: Sequence[int] = (0, 1, 2), config: Seq2SeqConfig | None = None, *,
-              lengths: list[int] | None = None, n: int = 200, workers: int = 1, progress: bool = True
-              ) -> dict[str, list[Run]]:
+              lengths: list[int] | None = None, n: int = 200, workers: int = 1, progress: bool = True,
+              steps: dict[str, int] | None = None) -> dict[str, list[Run]]:
     """Train a fresh model of every kind for every seed (the seed sets its initialisation and its batches) and
-    measure its accuracy by length: ``{kind: [Run per seed]}``, in the order given.
+    measure its accuracy by length: ``{kind: [Run per seed]}``, in the order given. `steps` gives some kinds a
+    training budget other than ``config.steps`` (rebuild such a model with that config: see :meth:`Run.model`).
 
     `workers` > 1 trains that many models at once, each in its own forked process on one thread; every model
     sees exactly what it would see alone, so the results are the same as with ``workers=1``.
@@ -332,6 +333,7 @@ def run_seeds(kinds: Sequence[str], seeds: Sequence[int] = (0, 1, 2), config: Se
     config = config or Seq2SeqConfig()
     for kind in kinds:
         make_attention(kind, config)  # fail here, not in a worker, on a bad name
+    configs = {kind: replace(config, steps=(steps or {}).get(kind, config.steps)) for kind in kinds}
     jobs = [(kind, seed) for kind in kinds for seed in seeds]
     from tqdm.auto import tqdm
 
@@ -339,11 +341,11 @@ def run_seeds(kinds: Sequence[str], seeds: Sequence[int] = (0, 1, 2), config: Se
     done: dict[tuple[str, int], Run] = {}
     if _validate.positive_int("workers", workers) == 1:
         for kind, seed in jobs:
-            done[kind, seed] = _train_one(kind, seed, config, lengths, n)
+            done[kind, seed] = _train_one(kind, seed, configs[kind], lengths, n)
             bar.update()
     else:
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-            futures = {job: pool.submit(_train_one, *job, config, lengths, n) for job in jobs}
+            futures = {job: pool.submit(_train_one, *job, configs[job[0]], lengths, n) for job in jobs}
             for job, future in futures.items():
                 done[job] = future.result()
                 bar.update()

@@ -214,6 +214,9 @@ def test_run_seeds_trains_each_kind_per_seed_and_workers_change_nothing():
     rebuilt = alone["dot"][1].model(config)
     assert all(torch.equal(p, q) for p, q in zip(rebuilt.parameters(), single.parameters()))
     assert accuracy_rows(alone["none"], [2, 5]).shape == (2, 2)
+    longer = run_seeds(["none", "dot"], seeds=(1,), config=config, lengths=[2], n=5, steps={"dot": 9}, progress=False)
+    assert len(longer["none"][0].losses) == 6 and len(longer["dot"][0].losses) == 9
+    assert longer["dot"][0].losses[:6] == alone["dot"][1].losses  # the same run, continued
     with pytest.raises(ValueError, match="attention must be one of"):
         run_seeds(["luong"], config=config)
 
