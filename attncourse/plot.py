@@ -139,6 +139,99 @@ def line_plot(x: Sequence[float], curves: Mapping[str, Sequence[float]], *, titl
     return ax
 
 
+# Okabe & Ito's palette (distinguishable with the common colour-vision deficiencies), black first left out.
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def seed_spread(x: Sequence[float], runs: Mapping[str, Sequence[Sequence[float]]], *, title: str, xlabel: str,
+                ylabel: str, ax: plt.Axes | None = None, ylim: tuple[float, float] | None = None) -> plt.Axes:
+    """One curve per entry of `runs` (name -> one row of y values per seed, each row at `x`): the mean over seeds
+    with its own colour (Okabe-Ito) and marker, a band from the lowest to the highest seed, and every seed's
+    points, so the spread is seen, not only the average."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (name, rows) in enumerate(runs.items()):
+        arr = np.stack([_to_numpy(r) for r in rows])  # (seeds, len(x))
+        if arr.shape[1] != len(x):
+            raise ValueError(f"runs[{name!r}] has rows of {arr.shape[1]} values for {len(x)} x positions")
+        colour, mark = OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]
+        ax.fill_between(x, arr.min(0), arr.max(0), color=colour, alpha=0.18, lw=0)
+        for row in arr:
+            ax.plot(x, row, ls="none", marker=mark, ms=3, color=colour, alpha=0.45)
+        ax.plot(x, arr.mean(0), marker=mark, ms=6, color=colour, ls=("-", "--", "-.", ":")[i % 4],
+                label=f"{name} (mean of {arr.shape[0]} seeds, band: min-max)" if len(arr) > 1 else f"{name} (1 seed)")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def _box(ax: plt.Axes, xy: tuple[float, float], text: str, colour: str, w: float = 0.8, h: float = 0.5) -> None:
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((xy[0] - w / 2, xy[1] - h / 2), w, h, boxstyle="round,pad=0.03", fc=colour,
+                                ec="black", lw=0.8, alpha=0.9))
+    ax.text(*xy, text, ha="center", va="center", fontsize=9)
+
+
+def _arrow(ax: plt.Axes, start, end, colour: str = "black", lw: float = 1.0, alpha: float = 1.0) -> None:
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=colour, lw=lw, alpha=alpha))
+
+
+def encoder_decoder_diagram(weights: Sequence[float] = (0.05, 0.1, 0.15, 0.7), step: int = 0) -> plt.Figure:
+    """Two encoder-decoders side by side: without attention (everything passes through the one vector s_0) and
+    with attention (decoder step t scores every annotation h_j against its state s_t and mixes them with weights
+    alpha_tj into c_t). Arrow widths show `weights` (one per source position) for decoder step `step`."""
+    s = len(weights)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    enc, dec, ctx, att = OKABE_ITO[4], OKABE_ITO[1], OKABE_ITO[2], OKABE_ITO[5]
+    xs_enc = [j * 1.1 for j in range(s)]
+    x_bridge = s * 1.1 + 0.2
+    xs_dec = [x_bridge + 1.1 * (t + 1) for t in range(s)]
+    for ax, attention in zip(axes, (False, True)):
+        ax.set_xlim(-0.7, xs_dec[-1] + 0.7)
+        ax.set_ylim(-0.9, 3.9)
+        ax.axis("off")
+        for j, x in enumerate(xs_enc):
+            ax.text(x, -0.75, f"$x_{{{j + 1}}}$", ha="center", fontsize=10)
+            _arrow(ax, (x, -0.55), (x, -0.27))
+            _box(ax, (x, 0), f"$h_{{{j + 1}}}$", enc)
+            if j:
+                ax.annotate("", xy=(x - 0.4, 0.08), xytext=(x - 0.7, 0.08), arrowprops=dict(arrowstyle="<->", lw=0.8))
+        _box(ax, (x_bridge, 0.0), "$s_0$", dec, w=0.55)
+        _arrow(ax, (xs_enc[-1] + 0.4, 0), (x_bridge - 0.3, 0), lw=1.0 if attention else 3.0)
+        for t, x in enumerate(xs_dec):
+            _box(ax, (x, 1.0), f"$s_{{{t + 1}}}$", dec)
+            _arrow(ax, (xs_dec[t - 1] + 0.4, 1.0) if t else (x_bridge + 0.1, 0.27), (x - 0.4, 1.0))
+            top = 3.3
+            if attention and t == step:
+                _box(ax, (x, 2.2), f"$c_{{{t + 1}}}$", ctx, w=0.55, h=0.42)
+                _arrow(ax, (x, 1.25), (x, 1.98), colour="black")
+                ax.text(x + 0.08, 1.55, "query", fontsize=8)
+                _arrow(ax, (x, 2.42), (x, top - 0.05))
+                ax.text(x + 0.35, 2.7, f"$[s_{{{t + 1}}}; c_{{{t + 1}}}]$", fontsize=9)
+            else:
+                _arrow(ax, (x, 1.25), (x, top - 0.05), colour="black" if not attention else "grey")
+            ax.text(x, top + 0.05, f"$y_{{{t + 1}}}$", ha="center", fontsize=10)
+        if attention:
+            x_c = xs_dec[step]
+            for j, (x, w) in enumerate(zip(xs_enc, weights)):
+                _arrow(ax, (x, 0.27), (x_c - 0.28, 2.15), colour=att, lw=0.5 + 6 * w, alpha=0.35 + 0.65 * w)
+                ax.text(x - 0.35, 0.38, rf"$\alpha_{{{step + 1},{j + 1}}}={w:.2f}$", fontsize=8, color=att)
+            ax.set_title(f"With attention: output step {step + 1} reads every annotation, "
+                         rf"weighted by $\alpha_{{{step + 1},j}}$", fontsize=11)
+        else:
+            ax.set_title(r"Without attention: the whole input reaches the decoder through $s_0$ alone", fontsize=11)
+    fig.suptitle("Encoder-decoder: encoder annotations $h_j$ (blue, bidirectional GRU), decoder states $s_t$ "
+                 "(orange), context $c_t$ (green), attention weights (red)")
+    fig.tight_layout()
+    return fig
+
+
 if __name__ == "__main__":  # pragma: no cover - a demo that draws
     from .sdpa import scaled_dot_product_attention
 

@@ -21,10 +21,13 @@ everywhere (``bucket=False``).
 
 from __future__ import annotations
 
+import io
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from typing import Iterator, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +73,7 @@ class Seq2SeqConfig:
 
     @classmethod
     def full(cls, **overrides) -> "Seq2SeqConfig":
-        """The bigger run (``FULL=1`` in the notebooks): longer inputs, more steps, larger batches."""
+        """A bigger task (longer inputs, more steps, larger batches), for runs outside the notebooks' minute."""
         return cls(**{"max_len": 24, "steps": 1000, "batch_size": 128, **overrides})
 
     @property
@@ -267,6 +270,89 @@ def time_per_step(model: Seq2Seq, repeats: int = 5, warmup: int = 1) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def step_times(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -> dict[str, float]:
+    """Median seconds of one training step (as :func:`time_per_step`) of each model, measured in turns (one step of
+    each model, then again), so that a change in the machine's load affects every model alike."""
+    batches = {name: reverse_batch(m.config.batch_size, m.config.max_len, m.config.max_len, m.config.num_digits,
+                                   torch.Generator().manual_seed(0)) for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with threads(1):
+        for i in range(warmup + _validate.positive_int("repeats", repeats)):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model.zero_grad()
+                loss_on(model, batches[name]).backward()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def count_parameters(module: nn.Module | None) -> int:
     """Trainable parameters of `module` (0 for None)."""
     return 0 if module is None else sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+class Run(NamedTuple):
+    """One trained model of :func:`run_seeds`: what it is, how it learned, how well it reverses."""
+
+    kind: str  # the attention ("none", "additive", ...)
+    seed: int  # its initialisation and its training batches
+    losses: list[float]  # training loss at every step
+    accuracy: dict[int, float]  # greedy-decoding digit accuracy by input length
+    seconds: float  # training time (one thread)
+    weights: bytes  # its state_dict, saved by torch.save (see :meth:`model`)
+
+    def model(self, config: Seq2SeqConfig) -> Seq2Seq:
+        """The trained model, rebuilt (`config` as given to :func:`run_seeds`)."""
+        model = build_model(self.kind, replace(config, seed=self.seed))
+        model.load_state_dict(torch.load(io.BytesIO(self.weights), weights_only=True))
+        return model.eval()
+
+
+def _train_one(kind: str, seed: int, config: Seq2SeqConfig, lengths: list[int] | None, n: int) -> Run:
+    c = replace(config, seed=seed)
+    model = build_model(kind, c)
+    start = time.perf_counter()
+    losses = train(model, progress=False)
+    seconds = time.perf_counter() - start
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return Run(kind, seed, losses, accuracy_by_length(model, lengths, n), seconds, buffer.getvalue())
+
+
+def run_seeds(kinds: Sequence[str], seeds: Sequence[int] = (0, 1, 2), config: Seq2SeqConfig | None = None, *,
+              lengths: list[int] | None = None, n: int = 200, workers: int = 1, progress: bool = True,
+              steps: dict[str, int] | None = None) -> dict[str, list[Run]]:
+    """Train a fresh model of every kind for every seed (the seed sets its initialisation and its batches) and
+    measure its accuracy by length: ``{kind: [Run per seed]}``, in the order given. `steps` gives some kinds a
+    training budget other than ``config.steps`` (rebuild such a model with that config: see :meth:`Run.model`).
+
+    `workers` > 1 trains that many models at once, each in its own forked process on one thread; every model
+    sees exactly what it would see alone, so the results are the same as with ``workers=1``.
+    """
+    config = config or Seq2SeqConfig()
+    for kind in kinds:
+        make_attention(kind, config)  # fail here, not in a worker, on a bad name
+    configs = {kind: replace(config, steps=(steps or {}).get(kind, config.steps)) for kind in kinds}
+    jobs = [(kind, seed) for kind in kinds for seed in seeds]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc=f"{len(jobs)} models", disable=not progress)
+    done: dict[tuple[str, int], Run] = {}
+    if _validate.positive_int("workers", workers) == 1:
+        for kind, seed in jobs:
+            done[kind, seed] = _train_one(kind, seed, configs[kind], lengths, n)
+            bar.update()
+    else:
+        with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+            futures = {job: pool.submit(_train_one, *job, configs[job[0]], lengths, n) for job in jobs}
+            for job, future in futures.items():
+                done[job] = future.result()
+                bar.update()
+    bar.close()
+    return {kind: [done[kind, seed] for seed in seeds] for kind in kinds}
+
+
+def accuracy_rows(runs: list[Run], lengths: Sequence[int]) -> torch.Tensor:
+    """(seeds, lengths) accuracies of `runs` (one kind, several seeds) at `lengths`."""
+    return torch.tensor([[run.accuracy[n] for n in lengths] for run in runs])

@@ -195,3 +195,50 @@ def test_threads_validates_and_restores():
 def test_full_config():
     full = Seq2SeqConfig.full(steps=5)
     assert full.max_len > Seq2SeqConfig().max_len and full.steps == 5 and full.key_size == full.decoder_size
+
+
+def test_run_seeds_trains_each_kind_per_seed_and_workers_change_nothing():
+    from attncourse.seq2seq import accuracy_rows, run_seeds
+
+    config = Seq2SeqConfig(**SMALL, steps=6)
+    alone = run_seeds(["none", "dot"], seeds=(0, 1), config=config, lengths=[2, 5], n=20, progress=False)
+    forked = run_seeds(["none", "dot"], seeds=(0, 1), config=config, lengths=[2, 5], n=20, workers=2,
+                       progress=False)
+    assert list(alone) == ["none", "dot"] and [r.seed for r in alone["dot"]] == [0, 1]
+    for kind in alone:
+        for a, b in zip(alone[kind], forked[kind]):
+            assert a.losses == b.losses and a.accuracy == b.accuracy  # same model, whatever process trained it
+    assert alone["dot"][0].losses != alone["dot"][1].losses  # the seed changes the initialisation and the batches
+    single = build_model("dot", Seq2SeqConfig(**SMALL, steps=6, seed=1))
+    assert train(single, progress=False) == alone["dot"][1].losses  # a Run is exactly one train() of that seed
+    rebuilt = alone["dot"][1].model(config)
+    assert all(torch.equal(p, q) for p, q in zip(rebuilt.parameters(), single.parameters()))
+    assert accuracy_rows(alone["none"], [2, 5]).shape == (2, 2)
+    longer = run_seeds(["none", "dot"], seeds=(1,), config=config, lengths=[2], n=5, steps={"dot": 9}, progress=False)
+    assert len(longer["none"][0].losses) == 6 and len(longer["dot"][0].losses) == 9
+    assert longer["dot"][0].losses[:6] == alone["dot"][1].losses  # the same run, continued
+    with pytest.raises(ValueError, match="attention must be one of"):
+        run_seeds(["luong"], config=config)
+
+
+def test_seed_spread_and_the_encoder_decoder_diagram_draw_labelled_figures():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attncourse import plot
+
+    rows = {"a": [[0.1, 0.2, 0.3], [0.2, 0.3, 0.4]], "b": torch.rand(3, 3)}
+    ax = plot.seed_spread([4, 5, 6], rows, title="t", xlabel="x", ylabel="y", ylim=(0, 1))
+    assert ax.get_title() == "t" and ax.get_xlabel() == "x" and ax.get_ylabel() == "y"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["a (mean of 2 seeds, band: min-max)", "b (mean of 3 seeds, band: min-max)"]
+    means = [line for line in ax.get_lines() if line.get_label().startswith("a ")][0]
+    assert means.get_marker() != [line for line in ax.get_lines() if line.get_label().startswith("b ")][0].get_marker()
+    assert list(means.get_ydata()) == pytest.approx([0.15, 0.25, 0.35])
+    with pytest.raises(ValueError, match="rows of 2 values for 3 x positions"):
+        plot.seed_spread([4, 5, 6], {"a": [[0.1, 0.2]]}, title="t", xlabel="x", ylabel="y")
+    fig = plot.encoder_decoder_diagram(weights=(0.2, 0.8), step=1)
+    assert len(fig.axes) == 2 and all(a.get_title() for a in fig.axes)
+    plt.close("all")

@@ -1,10 +1,15 @@
-"""Checks for chapter 01, additive (Bahdanau) attention (solutions/01_additive_attention.ipynb)."""
+"""Checks for chapter 01, additive (Bahdanau) attention (solutions/01_additive_attention.ipynb).
+
+Expected values come from the package's modules (``AdditiveAttention``, ``LuongAttention``) or from the definitions
+written out here in float64, never from a copy of a solution.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from attncourse.rnn_attention import AdditiveAttention
+from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
+from attncourse.sdpa import safe_softmax
 from . import Case, exercise
 
 
@@ -15,12 +20,18 @@ def _additive(gen: torch.Generator, b: int, t: int, dq: int, dk: int, a: int):
     w_q = torch.randn(a, dq, generator=gen, dtype=torch.float64) / dq**0.5
     w_k = torch.randn(a, dk, generator=gen, dtype=torch.float64) / dk**0.5
     v = torch.randn(a, generator=gen, dtype=torch.float64)
-    ref = AdditiveAttention(dq, dk, a).double()
+    return (q, k, w_q, w_k, v), _module(w_q, w_k, v)
+
+
+def _module(w_q: torch.Tensor, w_k: torch.Tensor, v: torch.Tensor) -> AdditiveAttention:
+    """An AdditiveAttention (float64) holding these weights."""
+    a, dq = w_q.shape
+    ref = AdditiveAttention(dq, w_k.shape[1], a).double()
     with torch.no_grad():
         ref.query_proj.weight.copy_(w_q)
         ref.key_proj.weight.copy_(w_k)
         ref.v.weight.copy_(v[None])
-    return (q, k, w_q, w_k, v), ref
+    return ref
 
 
 SIZES = {  # name: (B, T, Dq, Dk, A)
@@ -30,11 +41,32 @@ SIZES = {  # name: (B, T, Dq, Dk, A)
 }
 
 
-@exercise("01-additive-score", "additive_scores", points=2,
-          hint="project the query to (B, 1, A) and the keys to (B, T, A), add (broadcasting over T), "
-               "tanh, then a dot product with v over the last axis: (B, T, A) -> (B, T)")
+# ----------------------------------------------------------------------------- 1. implement: the batched score
+
+
+def _shortcut_module(query, keys, W_q, W_k, v):
+    """The package's module with the same weights: must be refused."""
+    with torch.no_grad():
+        return _module(W_q, W_k, v).score(query, keys)
+
+
+def _shortcut_concat(query, keys, W_q, W_k, v):
+    """Luong's concat score with the two matrices side by side: the same function, must be refused."""
+    concat = LuongAttention(W_q.shape[1], W_k.shape[1], "concat", hidden_size=W_q.shape[0]).double()
+    with torch.no_grad():
+        concat.W.weight.copy_(torch.cat([W_q, W_k], dim=1))
+        concat.v.weight.copy_(v[None])
+        return concat.score(query, keys)
+
+
+@exercise("01-additive-score", "additive_scores", points=2, category="implement",
+          forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
+          shortcuts=(_shortcut_module, _shortcut_concat),
+          hint="project the query once and every key once, then let broadcasting pair each query projection with "
+               "all T key projections (give the query a length-one axis where the keys have T); squash, then read "
+               "each pair out with v. The result has one number per source position")
 def _additive_score():
-    """The additive score e_j = v^T tanh(W_q s + W_k h_j) for every source position."""
+    """The additive score v^T tanh(W_q s + W_k h_j) for every source position, for a batch, without a loop."""
     gen = torch.Generator().manual_seed(11)
     cases = []
     for name, size in SIZES.items():
@@ -44,11 +76,15 @@ def _additive_score():
     return cases
 
 
-@exercise("01-softmax-axis-bug", "additive_attention_fixed", points=2,
-          hint="the scores come out as (B, T, 1); a softmax over that last axis of size 1 makes every "
-               "weight exp(x)/exp(x) = 1. Normalise over the T source positions instead")
-def _softmax_axis():
-    """Fix an additive attention whose softmax runs over a size-1 axis (as in note 004)."""
+# ----------------------------------------------------------------------------- 2. bug: the note's module
+
+
+@exercise("01-find-the-bug", "additive_attention_fixed", points=2, category="bug",
+          bug_words=("size-1", "size 1", "axis of size", "singleton", "wrong axis", "wrong dim", "keepdim"),
+          hint="print the weights of one sequence and their sum: they should form one distribution over the source "
+               "positions. Over which axis does each weight compete with the others in the note's code?")
+def _find_the_bug():
+    """Fix an attention module from one of the source notes: it runs, its shapes are right, it does not attend."""
     gen = torch.Generator().manual_seed(12)
     cases = []
     for name, size in SIZES.items():
@@ -59,9 +95,29 @@ def _softmax_axis():
     return cases
 
 
-@exercise("01-padding-mask", "masked_softmax", points=2,
-          hint="fill the scores at positions j >= length with -inf; where a whole row is -inf (length 0) "
-               "return zeros instead of the NaN that torch.softmax gives (attncourse.safe_softmax does this)")
+# ----------------------------------------------------------------------------- 3. implement: padding
+
+
+def _shortcut_attend(scores, lengths):
+    """The package's masked softmax: must be refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return attend(scores, torch.zeros(*scores.shape, 1, dtype=scores.dtype), mask)[1]
+
+
+def _shortcut_safe_softmax(scores, lengths):
+    """The course's NaN-free softmax on the filled scores: must be refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return safe_softmax(scores.masked_fill(~mask, float("-inf")))
+
+
+@exercise("01-padding-mask", "masked_softmax", points=2, category="implement",
+          forbid=("attncourse.sdpa.safe_softmax", "attncourse.rnn_attention.attend",
+                  "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+          shortcuts=(_shortcut_attend, _shortcut_safe_softmax),
+          hint="compare a row of positions with each sequence's length to know which scores are real; give the "
+               "others a score no exponential can lift above zero. Then ask what a softmax does to a row in which "
+               "every score is like that, and decide that row's weights yourself")
 def _masked_softmax():
     """Softmax over the first `lengths[b]` positions of each row; zeros elsewhere, zeros for length 0."""
     gen = torch.Generator().manual_seed(13)
@@ -79,10 +135,62 @@ def _masked_softmax():
     return cases
 
 
-@exercise("01-predict-shapes", "predicted_shapes", kind="value", points=1,
-          hint="a bidirectional GRU concatenates both directions; the query is one decoder state per "
-               "sequence; there is one weight per source position")
+# ----------------------------------------------------------------------------- 4. predict: a teacher-forced step
+
+SHAPE_PARTS = ("annotations", "weights", "context", "output layer input")
+
+
+@exercise("01-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict", parts=SHAPE_PARTS,
+          hint="a bidirectional encoder puts its two directions side by side; with teacher forcing every output step "
+               "asks its question at once, and each question gets one weight per source position; the output layer "
+               "reads the decoder state and the context side by side")
 def _predict_shapes():
-    """Shapes of the annotations, the weights and the context for batch 8, source length 13."""
-    return [Case("shapes of (annotations, weights, context)", expected=((8, 13, 64), (8, 13), (8, 64)),
+    """Shapes in one teacher-forced step of the lesson's additive model, batch 8, 13 digits."""
+    from attncourse.seq2seq import Seq2SeqConfig, build_model, reverse_batch
+
+    with torch.random.fork_rng():  # building a model seeds the global generator: keep the learner's
+        model = build_model("additive", Seq2SeqConfig())
+    batch = reverse_batch(8, 13, 13, generator=torch.Generator().manual_seed(0))
+    seen = {}
+    model.out.register_forward_hook(lambda mod, inputs, output: seen.setdefault("out", tuple(inputs[0].shape)))
+    with torch.no_grad():
+        annotations, _ = model.encode(batch.src, batch.lengths)  # (B, S, 2E)
+        _, weights = model(batch.src, batch.lengths, batch.tgt)  # (B, T, S)
+        context, _ = model.attention(torch.zeros(8, 13, model.config.decoder_size), annotations)  # (B, T, 2E)
+    expected = (tuple(annotations.shape), tuple(weights.shape), tuple(context.shape), seen["out"])
+    return [Case("shapes of (annotations, weights, context, output layer input)", expected=expected,
                  compare="equal")]
+
+
+# ----------------------------------------------------------------------------- 5. experiment: why the tanh
+
+
+def query_influence_reference(queries, keys, W_q, W_k, v, use_tanh):
+    """For N queries against one sequence's T keys: per source position, the largest minus the smallest weight
+    the N queries give it, averaged over the positions (0 when the weights ignore the query)."""
+    hidden = queries @ W_q.T + (keys @ W_k.T)[:, None]  # (T, 1, A) + (N, A) -> (T, N, A)
+    scores = (torch.tanh(hidden) if use_tanh else hidden) @ v  # (T, N)
+    weights = torch.softmax(scores, dim=0)  # over the T positions, one distribution per query
+    return float((weights.amax(1) - weights.amin(1)).mean())
+
+
+@exercise("01-query-influence", "query_influence", points=2, category="experiment",
+          hint="score every query against every key (a T by N table), once with the squashing and once without; "
+               "normalise over the positions for each query; then, position by position, how far apart are the "
+               "weights different queries give it?")
+def _query_influence():
+    """Does the decoder state change the weights? Measured with and without the tanh, over seeds."""
+    cases = []
+    for seed, (n, t, d, a, use_tanh) in enumerate(
+            [(50, 7, 8, 6, True), (50, 7, 8, 6, False), (40, 12, 16, 10, True), (40, 12, 16, 10, False),
+             (30, 5, 4, 3, True)]):
+        gen = torch.Generator().manual_seed(100 + seed)
+        queries = torch.randn(n, d, generator=gen, dtype=torch.float64)
+        keys = torch.randn(t, d, generator=gen, dtype=torch.float64)
+        w_q = torch.randn(a, d, generator=gen, dtype=torch.float64)
+        w_k = torch.randn(a, d, generator=gen, dtype=torch.float64)
+        v = torch.randn(a, generator=gen, dtype=torch.float64)
+        args = (queries, keys, w_q, w_k, v, use_tanh)
+        name = f"seed {100 + seed}: N={n} queries, T={t}, {'with' if use_tanh else 'without'} tanh"
+        cases.append(Case(name, args, expected=query_influence_reference(*args), rtol=1e-6, atol=1e-9))
+    return cases

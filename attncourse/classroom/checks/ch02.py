@@ -1,4 +1,8 @@
-"""Checks for chapter 02, Luong attention (solutions/02_luong_attention.ipynb)."""
+"""Checks for chapter 02, Luong attention (solutions/02_luong_attention.ipynb).
+
+Expected values come from the package's modules (``LuongAttention``, ``AdditiveAttention``) and the course's oracle
+(``attncourse.sdpa.scaled_dot_product_attention``), or from definitions written out here in float64.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,36 @@ def _qk(gen: torch.Generator, b: int, t: int, dq: int, dk: int):
     return q, k
 
 
-@exercise("02-general-score", "general_scores", points=2,
-          hint="s^T W h_j for every j: compute W h_j for all keys, (B, T, Dk) @ (Dk, Dq) -> (B, T, Dq), "
-               "or W^T s once, then a batched dot product with the query over the last axis")
+# ----------------------------------------------------------------------------- 1. implement: the general score
+
+
+def _general_module(w: torch.Tensor) -> LuongAttention:
+    ref = LuongAttention(w.shape[0], w.shape[1], "general").double()
+    with torch.no_grad():
+        ref.W.weight.copy_(w)
+    return ref
+
+
+def _shortcut_module(query, keys, W):
+    """The package's general score with the same W: must be refused."""
+    with torch.no_grad():
+        return _general_module(W).score(query, keys)
+
+
+def _shortcut_bilinear(query, keys, W):
+    """PyTorch's bilinear form x1^T A x2, one query copied per key: must be refused."""
+    b, t, _ = keys.shape
+    q = query[:, None].expand(b, t, query.shape[1])  # (B, T, Dq)
+    return torch.nn.functional.bilinear(q, keys, W[None]).squeeze(-1)  # (B, T, 1) -> (B, T)
+
+
+@exercise("02-general-score", "general_scores", points=2, category="implement",
+          forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
+                  "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear"),
+          shortcuts=(_shortcut_module, _shortcut_bilinear),
+          hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
+               "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
+               "the batch axis apart from the positions")
 def _general():
     """Luong's general score s^T W h_j, with W of shape (Dq, Dk)."""
     gen = torch.Generator().manual_seed(21)
@@ -28,22 +59,23 @@ def _general():
         "a single source position (T=1)": (2, 1, 5, 2),
     }.items():
         q, k = _qk(gen, b, t, dq, dk)
-        ref = LuongAttention(dq, dk, "general").double()
         w = torch.randn(dq, dk, generator=gen, dtype=torch.float64)
         with torch.no_grad():
-            ref.W.weight.copy_(w)
-            cases.append(Case(name, (q, k, w), expected=ref.score(q, k), rtol=1e-8, atol=1e-10))
+            cases.append(Case(name, (q, k, w), expected=_general_module(w).score(q, k), rtol=1e-8, atol=1e-10))
     return cases
 
+
+# ----------------------------------------------------------------------------- 2. predict: parameter counts
 
 SIZES = dict(query_size=64, key_size=48, hidden_size=32)
 
 
-@exercise("02-parameter-counts", "parameter_counts", kind="value", points=1,
-          hint="dot has no weights; general is one Dq x Dk matrix; concat is W (A x (Dq + Dk)) plus v "
-               "(A); additive is W_q (A x Dq), W_k (A x Dk) and v (A). No biases. Is dot even possible here?")
+@exercise("02-parameter-counts", "parameter_counts", kind="value", points=1, category="predict",
+          hint="count every entry of every matrix and vector each score owns (none has a bias); the two scores "
+               "built on a tanh layer own the same kinds of weights, arranged differently. And can every score be "
+               "built when the query and the keys have different sizes?")
 def _counts():
-    """Parameters of each score for Dq=64, Dk=48, A=32 (None for a score that cannot be built)."""
+    """Parameters of each score for a query of 64, keys of 48 and a tanh layer of 32 (None: cannot be built)."""
     dq, dk, a = SIZES["query_size"], SIZES["key_size"], SIZES["hidden_size"]
     counted = {
         "dot": None,  # Dq != Dk: LuongAttention refuses to build it
@@ -56,41 +88,77 @@ def _counts():
     return [Case("parameter counts by score", expected=counted, compare="equal")]
 
 
-@exercise("02-query-key-swap", "luong_dot_attention", points=2,
+# ----------------------------------------------------------------------------- 3. bug: a padded batch
+
+
+def reference_dot_attention(query, keys, values, lengths):
+    """Luong's dot attention (unscaled) of one query per sequence over its first `lengths[b]` positions."""
+    t = keys.shape[1]
+    valid = torch.arange(t) < lengths[:, None]  # (B, T): True where the position holds a token
+    context, _ = LuongAttention(query.shape[1], keys.shape[2], "dot")(query, keys, values, mask=valid)
+    oracle = scaled_dot_product_attention(query[:, None], keys, values, valid[:, None], scale=1.0)  # (B, 1, Dv)
+    torch.testing.assert_close(context, oracle.squeeze(1))
+    return context
+
+
+@exercise("02-find-the-bug", "luong_dot_attention", points=2, category="bug",
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="the decoder state asks: it is the query, a sequence of ONE query, (B, D) -> (B, 1, D); the "
-               "annotations are the keys and the values, (B, T, D) and (B, T, Dv); give the mask a query axis, "
-               "(B, T) -> (B, 1, T), pass scale=1.0 (Luong's dot is not scaled) and squeeze the query axis "
-               "from the output, (B, 1, Dv) -> (B, Dv)")
-def _query_key_swap():
-    """Luong's dot attention by one call of attncourse.scaled_dot_product_attention, with the roles the right
-    way round (note 004 swaps them: the annotations become queries over a single key, every weight is 1)."""
+          bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
+                     "blocked", "True = padding"),
+          hint="run the given function on a batch whose rows have different lengths and print the weights: where "
+               "does the weight go in a short row, and what happens to a row without padding? Then read the course's "
+               "mask convention again")
+def _find_the_bug():
+    """Fix a dot attention over a padded batch: it runs, its shapes are right, its contexts are wrong."""
     gen = torch.Generator().manual_seed(22)
     cases = []
     for name, (b, t, d, dv, lengths) in {
-        "B=2, T=5, D=8, no padding": (2, 5, 8, 8, [5, 5]),
+        "B=2, T=5, D=8, lengths [5, 3]": (2, 5, 8, 8, [5, 3]),
         "padding, lengths [6, 2, 4], Dv=3": (3, 6, 8, 3, [6, 2, 4]),
-        "large d (64): the unscaled scores are large": (2, 7, 64, 4, [7, 5]),
+        "length 1 and no padding, D=64 (large unscaled scores)": (2, 7, 64, 4, [1, 7]),
     }.items():
         q, k = _qk(gen, b, t, d, d)
         v = torch.randn(b, t, dv, generator=gen, dtype=torch.float64)
-        mask = torch.arange(t) < torch.tensor(lengths)[:, None]  # (B, T)
-        context, _ = LuongAttention(d, d, "dot")(q, k, v, mask=mask)
-        oracle = scaled_dot_product_attention(q[:, None], k, v, mask[:, None], scale=1.0).squeeze(1)
-        torch.testing.assert_close(context, oracle)
-        cases.append(Case(name, (q, k, v, mask), expected=context, rtol=1e-8, atol=1e-10))
+        lengths_t = torch.tensor(lengths)
+        with torch.no_grad():
+            expected = reference_dot_attention(q, k, v, lengths_t)
+        cases.append(Case(name, (q, k, v, lengths_t), expected=expected, rtol=1e-8, atol=1e-10))
     return cases
 
 
-@exercise("02-concat-is-additive", "split_concat_weights", points=1,
-          hint="W [s; h] = W[:, :Dq] s + W[:, Dq:] h: split W's columns at query_size; v of shape (1, A) "
-               "becomes the vector v[0]")
-def _concat_split():
-    """Turn concat weights (W (A, Dq + Dk), v (1, A)) into additive ones (W_q, W_k, v)."""
-    gen = torch.Generator().manual_seed(23)
+# ----------------------------------------------------------------------------- 4. experiment: initialisation width
+
+
+def tanh_input_rms_reference(W, query_size, queries, keys):
+    """Root mean square of the tanh layer's input W [s; h] = W_s s + W_h h over every (query, key) pair."""
+    w_s, w_h = W[:, :query_size], W[:, query_size:]  # (A, Dq), (A, Dk)
+    hidden = (queries @ w_s.T)[:, None] + keys @ w_h.T  # (N, 1, A) + (N, T, A) -> (N, T, A)
+    return float(hidden.pow(2).mean().sqrt())
+
+
+def initial_weights(score: str, seed: int, size: int = 64, hidden: int = 32) -> torch.Tensor:
+    """The (A, Dq + Dk) tanh-layer matrix of a freshly initialised concat or additive score (float64)."""
+    with torch.random.fork_rng():  # leave the caller's generator alone
+        torch.manual_seed(seed)
+        if score == "concat":
+            return LuongAttention(size, size, "concat", hidden_size=hidden).W.weight.detach().double()
+        additive = AdditiveAttention(size, size, hidden)
+        return torch.cat([additive.query_proj.weight, additive.key_proj.weight], dim=1).detach().double()
+
+
+@exercise("02-init-width", "tanh_input_rms", points=2, category="experiment",
+          hint="split the matrix into the columns that meet the query and those that meet the keys; pair every "
+               "query with each of its T keys by broadcasting, as the additive score does; then take the root "
+               "mean square of every entry of the result")
+def _init_width():
+    """Concat and additive are one function: how wide is the tanh's input of each, freshly initialised?"""
     cases = []
-    for name, (dq, dk, a) in {"Dq=4, Dk=6, A=5": (4, 6, 5), "Dq=Dk=3, A=2": (3, 3, 2)}.items():
-        w = torch.randn(a, dq + dk, generator=gen, dtype=torch.float64)
-        v = torch.randn(1, a, generator=gen, dtype=torch.float64)
-        cases.append(Case(name, (w, v, dq), expected=(w[:, :dq], w[:, dq:], v[0]), compare="equal"))
+    for score in ("concat", "additive"):
+        for seed in (0, 1, 2):
+            gen = torch.Generator().manual_seed(200 + seed)
+            queries = torch.rand(64, 64, generator=gen, dtype=torch.float64) * 2 - 1  # (N, Dq) in (-1, 1), like GRU states
+            keys = torch.rand(64, 9, 64, generator=gen, dtype=torch.float64) * 2 - 1  # (N, T, Dk)
+            args = (initial_weights(score, seed), 64, queries, keys)
+            cases.append(Case(f"{score}, seed {seed}", args, expected=tanh_input_rms_reference(*args),
+                              rtol=1e-6, atol=1e-9))
     return cases
