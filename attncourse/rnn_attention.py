@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import _validate
-from .sdpa import safe_softmax
+from .sdpa import compute_dtype, safe_softmax
 
 SCORES = ("dot", "general", "concat")
 
@@ -86,8 +86,10 @@ def attend(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
         scores = scores.unsqueeze(1)  # (B, T) -> (B, 1, T)
     if mask is not None:
         scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, Tq, T), mask (B, 1, T)
-    weights = safe_softmax(scores, dim=-1)  # (B, Tq, T): over the source positions, never a size-1 axis
-    context = weights @ values  # (B, Tq, T) @ (B, T, Dv) -> (B, Tq, Dv)
+    work = compute_dtype(scores.dtype)  # float32 for half precision, rounded once at the end
+    weights = safe_softmax(scores.to(work), dim=-1)  # (B, Tq, T): over the source positions, never a size-1 axis
+    context = (weights @ values.to(work)).to(values.dtype)  # (B, Tq, T) @ (B, T, Dv) -> (B, Tq, Dv)
+    weights = weights.to(scores.dtype)
     return (context, weights) if rows else (context.squeeze(1), weights.squeeze(1))
 
 

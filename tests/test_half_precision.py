@@ -140,8 +140,6 @@ def test_half_precision_outputs_and_gradients(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@xfail("rnn_attention.attend runs its softmax and value matmul in the input dtype (no compute_dtype): chapters "
-       "01-02, no owner this session")
 def test_rnn_attend_in_half_precision(dtype):
     """attend(scores, values) of chapters 01-02 (additive and Luong attention) takes its scores as input: the same
     rounded scores go to the reference, so only what attend computes is measured."""
