@@ -20,6 +20,7 @@ from .heads import (
 )
 from .kv_cache import KVCache, SinkWindowCache
 from .mha import merge_heads, MultiHeadAttention, repeat_kv, split_heads
+from .mla import mla_cache_bytes, MultiHeadLatentAttention
 from .online_softmax import (
     AttentionState, finalize_attention_state, logsumexp_from_state, merge_attention_states,
     merge_softmax_states, naive_softmax, one_pass_softmax, online_attention, online_attention_update,
@@ -131,4 +132,6 @@ __all__ = [
     "rope_attention_factor",
     "rope_inv_freq",
     "rope_permutation",
+    "mla_cache_bytes",
+    "MultiHeadLatentAttention",
 ]

@@ -8,7 +8,7 @@ KV cache of one sequence: keys and values, for every layer, KV head, position an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -148,3 +148,68 @@ def decode_step_bytes(cfg: ModelConfig, context_len: int, batch_size: int = 1,
     weights = int(cfg.n_params) * bytes_per_element
     kv = cfg.kv_cache_bytes(context_len, batch_size, bytes_per_element)
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+
+def with_kv_heads(cfg: ModelConfig, n_kv_heads: int) -> ModelConfig:
+    """The same model with `n_kv_heads` KV heads. Its parameter count changes by the K and V projections,
+    ``2 L d_model D (n_kv_heads - cfg.n_kv_heads)``: LLaMA-2 70B as MHA has 9.4 billion more weights."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+    _validate.positive_int("n_kv_heads", n_kv_heads)
+    if cfg.n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={cfg.n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+    extra = 2 * cfg.n_layers * cfg.d_model * cfg.head_dim * (n_kv_heads - cfg.n_kv_heads)
+    return replace(cfg, name=f"{cfg.name} with {n_kv_heads} KV heads", n_kv_heads=n_kv_heads,
+                   n_params=cfg.n_params + extra)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Accelerators serving one model with tensor parallelism: weights and KV heads split across devices."""
+
+    name: str
+    n_devices: int
+    memory_bytes: float  # per device
+    bandwidth: float  # bytes/s per device
+
+    @property
+    def total_memory(self) -> float:
+        return self.n_devices * self.memory_bytes
+
+    @property
+    def total_bandwidth(self) -> float:
+        return self.n_devices * self.bandwidth
+
+
+H100_X8 = Hardware("8 x H100 SXM 80 GB, tensor parallel", 8, 80e9, 3.35e12)  # NVIDIA H100 datasheet (HBM3)
+
+
+def serving_bytes(cfg: ModelConfig, hw: Hardware, context_len: int, batch_size: int = 1,
+                  bytes_per_element: int = 2) -> dict[str, float]:
+    """Bytes held (and read by every decode step) on `hw`: the weights once, and each sequence's cache.
+
+    With fewer KV heads than devices, each KV head is stored on ``n_devices / n_kv_heads`` devices (tensor
+    parallelism splits heads; Pope et al. 2022 shard MQA's cache over the batch instead), so MQA on 8
+    devices holds 8 copies of its one head.
+    """
+    if not isinstance(hw, Hardware):
+        raise TypeError(f"hw must be a Hardware, got {type(hw).__name__}")
+    b = decode_step_bytes(cfg, context_len, batch_size, bytes_per_element)
+    copies = max(1.0, hw.n_devices / cfg.n_kv_heads)
+    kv = b["kv_cache"] * copies
+    return {"weights": b["weights"], "kv_cache": kv, "total": b["weights"] + kv}
+
+
+def max_batch(cfg: ModelConfig, hw: Hardware, context_len: int, bytes_per_element: int = 2) -> int:
+    """How many sequences of `context_len` tokens fit in `hw`'s memory next to the weights (0 if none)."""
+    one = serving_bytes(cfg, hw, context_len, 1, bytes_per_element)
+    return max(0, int((hw.total_memory - one["weights"]) // one["kv_cache"]))
+
+
+def decode_throughput(cfg: ModelConfig, hw: Hardware, context_len: int, batch_size: int,
+                      bytes_per_element: int = 2) -> float | None:
+    """Upper bound on generated tokens/s (memory-bound decode), or None when the batch does not fit."""
+    if batch_size > max_batch(cfg, hw, context_len, bytes_per_element):
+        return None
+    step = serving_bytes(cfg, hw, context_len, batch_size, bytes_per_element)["total"] / hw.total_bandwidth
+    return batch_size / step
