@@ -21,6 +21,7 @@ from .heads import (
 )
 from .kv_cache import KVCache, SinkWindowCache
 from .mha import merge_heads, MultiHeadAttention, repeat_kv, split_heads
+from .mla import mla_cache_bytes, MultiHeadLatentAttention
 from .online_softmax import (
     AttentionState, finalize_attention_state, logsumexp_from_state, merge_attention_states,
     merge_softmax_states, naive_softmax, one_pass_softmax, online_attention, online_attention_update,
@@ -29,6 +30,7 @@ from .online_softmax import (
 )
 from .paged_cache import memory_waste, paged_attention, PagedKVCache
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
+from .positions import apply_rope, rope_attention_factor, rope_inv_freq, rope_permutation
 from .ring import distributed_attention, ring_attention, run_distributed, ulysses_attention
 from .rnn_attention import AdditiveAttention, LuongAttention
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
@@ -133,4 +135,10 @@ __all__ = [
     "block_sparse_attention",
     "tile_states",
     "PrefixCache",
+    "apply_rope",
+    "rope_attention_factor",
+    "rope_inv_freq",
+    "rope_permutation",
+    "mla_cache_bytes",
+    "MultiHeadLatentAttention",
 ]

@@ -206,3 +206,35 @@ def test_decode_step_bytes():
     assert decode_step_bytes(mha_twin, 4096, 8)["kv_cache"] == 8 * step["kv_cache"]
     with pytest.raises(TypeError, match="cfg"):
         decode_step_bytes("LLaMA-2 70B", 10)
+
+
+def test_with_kv_heads_counts_mha_extra_parameters():
+    from attncourse.gqa import with_kv_heads
+    gqa70 = model_config("LLaMA-2 70B")
+    mha = with_kv_heads(gqa70, 64)
+    assert mha.n_kv_heads == 64 and mha.n_params - gqa70.n_params == 2 * 80 * 8192 * 128 * 56
+    assert with_kv_heads(gqa70, 8).n_params == gqa70.n_params
+    with pytest.raises(ValueError, match="divisible"):
+        with_kv_heads(gqa70, 3)
+    with pytest.raises(TypeError, match="cfg"):
+        with_kv_heads("LLaMA-2 70B", 8)
+
+
+def test_memory_sets_the_batch_on_8_gpus():
+    from attncourse.gqa import H100_X8, Hardware, decode_throughput, max_batch, serving_bytes, with_kv_heads
+    gqa70 = model_config("LLaMA-2 70B")
+    mha, mqa = with_kv_heads(gqa70, 64), with_kv_heads(gqa70, 1)
+    assert H100_X8.total_memory == 640e9 and H100_X8.total_bandwidth == 8 * 3.35e12
+    fit = max_batch(gqa70, H100_X8, 4096)
+    one = serving_bytes(gqa70, H100_X8, 4096)
+    assert fit == int((640e9 - one["weights"]) // one["kv_cache"]) == 374
+    assert max_batch(mha, H100_X8, 4096) == 45
+    # MQA's one KV head is stored on all 8 devices: the same cache bytes as GQA-8's 8 heads
+    assert serving_bytes(mqa, H100_X8, 4096)["kv_cache"] == one["kv_cache"]
+    assert decode_throughput(gqa70, H100_X8, 4096, fit + 1) is None
+    step = (one["weights"] + fit * one["kv_cache"]) / H100_X8.total_bandwidth
+    assert decode_throughput(gqa70, H100_X8, 4096, fit) == pytest.approx(fit / step)
+    tiny = Hardware("one 80 GB", 1, 80e9, 3.35e12)
+    assert max_batch(gqa70, tiny, 4096) == 0 and decode_throughput(gqa70, tiny, 4096, 1) is None
+    with pytest.raises(TypeError, match="hw"):
+        serving_bytes(gqa70, "H100", 4096)

@@ -1,4 +1,4 @@
-"""Checks for chapter 05, MQA and GQA (solutions/05_mqa_gqa.ipynb)."""
+"""Checks for chapter 05, MQA, GQA and MLA's cache (solutions/05_mqa_gqa.ipynb)."""
 
 from __future__ import annotations
 
@@ -6,33 +6,53 @@ import torch
 
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
+from attncourse.mla import mla_cache_bytes
 from . import Case, exercise
 from .ch04 import _weights, reference_mha
 
+_NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
 
-@exercise("05-grouped-attention", "gqa_attention", points=3,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="query head h reads KV head h // (H // Hkv); either repeat K/V in that order "
-               "(repeat_interleave, not repeat) or view q as (B, Hkv, G, T, D)")
+
+def _decode_mask(t: int, s: int) -> torch.Tensor:
+    """(T, S) bool: the T queries are the last T of S positions; each sees keys up to its own position."""
+    return torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+
+
+def _shortcut_sdpa_gqa(q, k, v):
+    mask = _decode_mask(q.shape[-2], k.shape[-2])
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _shortcut_grouped(q, k, v):
+    return grouped_attention(q, k, v, _decode_mask(q.shape[-2], k.shape[-2]))
+
+
+@exercise("05-grouped-attention", "gqa_decode_attention", points=3, category="implement",
+          forbid=_NO_KERNEL + ("attncourse.mha.grouped_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+          shortcuts=(_shortcut_sdpa_gqa, _shortcut_grouped),
+          hint="which KV head does query head h read, and where does query i sit among the S positions when "
+               "the T queries are the newest ones? The keys after a query's own position must get no weight")
 def _grouped():
-    """Grouped-query attention: q (B, H, T, D) over k, v (B, Hkv, S, D)."""
+    """Grouped-query attention while decoding: T new queries over S cached keys, causal from the end."""
     gen = torch.Generator().manual_seed(50)
     cases = []
-    for name, (b, h, hkv, t, s, d) in {"GQA: 8 query heads, 2 KV heads": (2, 8, 2, 5, 5, 4),
-                                       "MQA: 6 query heads, 1 KV head, T != S": (1, 6, 1, 3, 7, 8),
-                                       "MHA: 4 and 4": (2, 4, 4, 4, 4, 4),
-                                       "groups of 3, one query": (1, 6, 2, 1, 9, 4)}.items():
+    for name, (b, h, hkv, t, s, d) in {"GQA: 8 query heads, 2 KV heads, prefill (T = S)": (2, 8, 2, 5, 5, 4),
+                                       "MQA: 6 query heads, 1 KV head, 3 new of 7": (1, 6, 1, 3, 7, 8),
+                                       "MHA: 4 and 4, 2 new of 6": (2, 4, 4, 2, 6, 4),
+                                       "groups of 3, one new token": (1, 6, 2, 1, 9, 4)}.items():
         q = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
         k, v = (torch.randn(b, hkv, s, d, generator=gen, dtype=torch.float64) for _ in range(2))
-        cases.append(Case(name, (q, k, v), expected=grouped_attention(q, k, v), rtol=1e-7, atol=1e-9))
+        cases.append(Case(name, (q, k, v), expected=grouped_attention(q, k, v, _decode_mask(t, s)),
+                          rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("05-mqa-axis-bug", "mqa_fixed", points=2,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="attention mixes over the second-to-last axis: it must be time, so the layout is (B, heads, T, D)")
+@exercise("05-mqa-axis-bug", "mqa_fixed", points=2, category="bug", forbid=_NO_KERNEL,
+          bug_words=("only to itself", "axis of size one", "size-1 axis", "its own key only"),
+          hint="look at the weights the buggy version returns: over how many keys does each softmax run, and "
+               "which axis of the scores should that be?")
 def _mqa_bug():
-    """Fix an MQA that attends over the wrong axis (each token attends only to itself)."""
+    """Fix the notes' MQA: its output has the right shape, yet something about it is wrong."""
     gen = torch.Generator().manual_seed(51)
     cases = []
     for name, (b, t, d, h) in {"(2, 5, 16), 4 query heads": (2, 5, 16, 4), "(1, 8, 12), 3 query heads": (1, 8, 12, 3),
@@ -43,8 +63,28 @@ def _mqa_bug():
     return cases
 
 
-@exercise("05-predict-kv-cache", "predicted_kv_bytes", kind="value", points=1,
-          hint="2 (K and V) x layers x KV heads x head dim x tokens x batch x bytes per element")
+@exercise("05-fake-gqa", "gqa_fixed", points=2, category="bug", forbid=_NO_KERNEL,
+          bug_words=("stacked MQA", "MQA per group", "one MQA module per", "wider output projection"),
+          hint="count the buggy module's parameters and multiply-adds first: how many query heads, of what width, "
+               "does it really run, and how wide is what reaches its last projection?")
+def _fake_gqa():
+    """Fix the notes' GQA module so that it is grouped-query attention, with GQA's weights and cost."""
+    gen = torch.Generator().manual_seed(53)
+    cases = []
+    for name, (b, t, d, h, hkv) in {"(2, 5, 16), 4 heads, 2 KV heads": (2, 5, 16, 4, 2),
+                                    "(1, 7, 24), 6 heads, 3 KV heads": (1, 7, 24, 6, 3),
+                                    "(2, 3, 16), 8 heads, 1 KV head (MQA)": (2, 3, 16, 8, 1),
+                                    "(1, 4, 8), 2 heads, 2 KV heads (MHA)": (1, 4, 8, 2, 2)}.items():
+        x = torch.randn(b, t, d, generator=gen, dtype=torch.float64)
+        w = _weights(gen, d, h, hkv)
+        cases.append(Case(name, (x, *w, h, hkv), expected=reference_mha(x, *w, h, hkv), rtol=1e-7, atol=1e-9))
+    return cases
+
+
+@exercise("05-predict-kv-cache", "predicted_kv_bytes", kind="value", points=1, category="predict",
+          parts=("Mistral 7B, 32k tokens, bf16", "LLaMA-2 70B, 8 x 4k tokens, fp16", "Falcon-7B, 2k tokens, fp32"),
+          hint="count what one token leaves in one layer (a key and a value for each KV head), then scale by "
+               "layers, tokens, sequences and the size of one element")
 def _predict_cache():
     """Predict three KV-cache sizes in bytes before computing them."""
     mistral, llama70, falcon = (model_config(n) for n in ("Mistral 7B", "LLaMA-2 70B", "Falcon-7B"))
@@ -54,9 +94,9 @@ def _predict_cache():
                  compare="equal")]
 
 
-@exercise("05-notes-table", "notes_table", kind="value", points=2,
-          hint="K and V projections map d_model to n_kv_heads * head_dim each (no bias); the cache of one layer "
-               "holds K and V for 2048 tokens in float16 (2 bytes); 1 MiB = 2**20 bytes")
+@exercise("05-notes-table", "notes_table", kind="value", points=2, category="predict",
+          hint="the K and V projections each map d_model to the total width of the KV heads (no bias); one layer's "
+               "cache holds a key and a value per KV head for every token, in float16; a MiB is 2 to the 20th bytes")
 def _notes_table():
     """KV projection parameters and one layer's float16 KV cache (MiB) at 2048 tokens, d_model 512, 8 heads."""
     expected = {}
@@ -67,9 +107,18 @@ def _notes_table():
     return [Case("{name: (KV projection parameters, KV cache MiB)}", expected=expected)]
 
 
-@exercise("05-mean-pool", "mean_pool_heads", points=2,
-          hint="view the (H*D, d_model) weight as (Hkv, G, D, d_model): heads h*G .. h*G+G-1 form group h; "
-               "average over the G axis")
+def _shortcut_mean_pool(weight, n_heads, n_kv_heads):
+    d_model = weight.shape[1]
+    mha = MultiHeadAttention(d_model, n_heads).to(weight.dtype)
+    with torch.no_grad():
+        mha.k_proj.weight.copy_(weight)
+    return mha_to_gqa(mha, n_kv_heads, "mean").k_proj.weight.detach()
+
+
+@exercise("05-mean-pool", "mean_pool_heads", points=2, category="implement",
+          forbid=("attncourse.gqa.mha_to_gqa",), shortcuts=(_shortcut_mean_pool,),
+          hint="which rows of the weight belong to one head, and which heads form one group? Give the heads their "
+               "own axis and the group its own axis, then average over the right one")
 def _mean_pool():
     """Mean-pool a K (or V) projection's heads into n_kv_heads groups (Ainslie et al.)."""
     gen = torch.Generator().manual_seed(52)
@@ -83,3 +132,52 @@ def _mean_pool():
         cases.append(Case(name, (mha.k_proj.weight.detach().clone(), h, hkv), expected=expected,
                           rtol=1e-10, atol=1e-12))
     return cases
+
+
+MLA_PARTS = ("DeepSeek-V3, bytes per token", "DeepSeek-V3, one 128k-token sequence",
+             "LLaMA-2 70B (GQA-8), bytes per token")
+
+
+@exercise("05-predict-mla-cache", "predicted_mla_bytes", kind="value", points=1, category="predict",
+          parts=MLA_PARTS,
+          hint="an MLA layer caches one latent vector and one small position key per token, shared by all heads; "
+               "a GQA layer caches a key and a value per KV head; everything is in bf16 or fp16")
+def _predict_mla():
+    """Predict MLA's cache (DeepSeek-V3) against GQA's (LLaMA-2 70B), in bytes."""
+    per_token = mla_cache_bytes(61, 512, 64, 1)
+    expected = (per_token, mla_cache_bytes(61, 512, 64, 131_072), model_config("LLaMA-2 70B").kv_cache_bytes(1))
+    return [Case("(DeepSeek-V3 per token, DeepSeek-V3 at 128k, LLaMA-2 70B per token)", expected=expected,
+                 compare="equal")]
+
+
+CONVERSION = dict(d_model=32, n_heads=8, n_kv_heads=2, batch=4, seq_len=16)
+
+
+def conversion_errors_reference(seed: int, spread: float) -> torch.Tensor:
+    """Relative output error of a converted layer, (mean-pool, first head), on the seeded layer of the exercise."""
+    c = CONVERSION
+    d, h, hkv = c["d_model"], c["n_heads"], c["n_kv_heads"]
+    gen = torch.Generator().manual_seed(seed)
+    w_q, w_o = (torch.randn(d, d, generator=gen, dtype=torch.float64) / d ** 0.5 for _ in range(2))
+    kv = []
+    for _ in range(2):  # K, then V: a head shared by all, plus each head's own part times `spread`
+        shared = torch.randn(d // h, d, generator=gen, dtype=torch.float64) / d ** 0.5
+        own = torch.randn(d, d, generator=gen, dtype=torch.float64) / d ** 0.5
+        kv.append(shared.repeat(h, 1) + spread * own)
+    x = torch.randn(c["batch"], c["seq_len"], d, generator=gen, dtype=torch.float64)
+    mha = MultiHeadAttention(d, h).double()
+    with torch.no_grad():
+        for proj, w in zip((mha.q_proj, mha.k_proj, mha.v_proj, mha.o_proj), (w_q, *kv, w_o)):
+            proj.weight.copy_(w)
+        ref = mha(x)
+        errors = [(mha_to_gqa(mha, hkv, m)(x) - ref).norm() / ref.norm() for m in ("mean", "first")]
+    return torch.stack(errors)
+
+
+@exercise("05-conversion-experiment", "conversion_errors", points=2, category="experiment",
+          hint="follow the recipe's order of draws from one generator exactly; the error of a method is the norm "
+               "of the difference of the outputs over the norm of the MHA output")
+def _conversion_experiment():
+    """How much does converting MHA to GQA change a layer, before any uptraining, as heads differ more?"""
+    return [Case(f"seed {seed}, spread {spread}", (seed, spread), expected=conversion_errors_reference(seed, spread),
+                 rtol=1e-6, atol=1e-9) for seed in (0, 1, 2) for spread in (0.1, 1.0)]

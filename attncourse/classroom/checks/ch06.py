@@ -1,28 +1,38 @@
-"""Checks for chapter 06, positions and ALiBi (solutions/06_positions_alibi.ipynb)."""
+"""Checks for chapter 06, positions: sinusoidal, ALiBi, RoPE (solutions/06_positions_alibi.ipynb)."""
 
 from __future__ import annotations
 
 import torch
 
 from attncourse.masks import causal_bottom_right, materialize
-from attncourse.positions import alibi_bias, alibi_slopes, grouped_alibi_bias
+from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, grouped_alibi_bias,
+                                  rope_permutation)
 from . import Case, exercise
 
 
-@exercise("06-slopes-bug", "alibi_slopes_fixed", points=2,
-          forbid=("attncourse.positions.alibi_slopes", "attncourse.alibi_slopes"),
-          hint="when H is not a power of two, take the slopes of the closest smaller power of two p, "
-               "then every other slope of 2p (2^(-4/p), 2^(-12/p), ...) until there are H")
+@exercise("06-slopes-bug", "alibi_slopes_fixed", points=2, category="bug",
+          forbid=("attncourse.positions.alibi_slopes",),
+          bug_words=("too few", "no slope", "missing slope", "without a slope"),
+          hint="compare the length of what it returns with the number of heads, for 12 heads say; Press et al. "
+               "say what to do for the heads a power of two does not cover")
 def _slopes():
-    """Fix a slope function that builds too few slopes when the head count is not a power of two."""
+    """Fix the notes' ALiBi slope function so that it works for every head count."""
     return [Case(f"{h} heads", (h,), expected=alibi_slopes(h), rtol=1e-6, atol=1e-8)
             for h in (1, 4, 6, 8, 12, 20, 33)]
 
 
-@exercise("06-decode-bias", "decode_alibi_bias", points=2,
-          forbid=("attncourse.positions.alibi_bias", "attncourse.alibi_bias"),
-          hint="queries are the last q_len of k_len positions: query i sits at i + k_len - q_len; the "
-               "bias is slope_h * (j - position of i), and -inf where the key is in the query's future")
+def _shortcut_decode_bias(n_heads, q_len, k_len):
+    keep = materialize(causal_bottom_right(q_len, k_len), q_len, k_len)
+    return alibi_bias(n_heads, q_len, k_len).masked_fill(~keep, float("-inf"))
+
+
+@exercise("06-decode-bias", "decode_alibi_bias", points=2, category="implement",
+          forbid=("attncourse.positions.alibi_bias", "attncourse.positions.alibi_bias_at",
+                  "attncourse.positions.materialize_bias", "attncourse.positions.alibi_score_mod"),
+          shortcuts=(_shortcut_decode_bias,),
+          hint="the queries are the newest q_len of the k_len positions: what is the absolute position of query "
+               "i? Then the bias is the head's slope times the signed distance, and keys in the query's future get "
+               "minus infinity")
 def _decode_bias():
     """ALiBi bias plus causal mask for Tq queries at the end of Tk cached positions, as (H, Tq, Tk)."""
     cases = []
@@ -33,9 +43,15 @@ def _decode_bias():
     return cases
 
 
-@exercise("06-grouped-alibi", "add_grouped_alibi", points=2,
-          hint="query head h = g * G + r belongs to KV head g (repeat_kv's order): view the (H, Tq, Tk) "
-               "bias as (Hkv, G, Tq, Tk) and add it to the scores (B, Hkv, G, Tq, Tk)")
+def _shortcut_grouped_alibi(scores, n_heads):
+    b, hkv, g, tq, tk = scores.shape
+    return scores + grouped_alibi_bias(n_heads, hkv, tq, tk).to(scores.dtype)
+
+
+@exercise("06-grouped-alibi", "add_grouped_alibi", points=2, category="implement",
+          forbid=("attncourse.positions.grouped_alibi_bias",), shortcuts=(_shortcut_grouped_alibi,),
+          hint="query heads of one group are consecutive (the order of repeat_kv): which query head is member r of "
+               "group g, and so which slope must its scores get?")
 def _grouped():
     """Add ALiBi to grouped GQA scores (B, Hkv, G, Tq, Tk) so each query head keeps its own slope."""
     gen = torch.Generator().manual_seed(60)
@@ -47,12 +63,103 @@ def _grouped():
     return cases
 
 
-@exercise("06-predict-bias", "predicted_biases", kind="value", points=1,
-          hint="slopes for 8 heads are 1/2, 1/4, ..., 1/256; for 12 heads, heads 8..11 take 2^-0.5, "
-               "2^-1.5, ...; the bias is slope * (j - i)")
+@exercise("06-predict-bias", "predicted_biases", kind="value", points=1, category="predict",
+          parts=("8 heads: head 0, query 5, key 2", "8 heads: head 7, query 5, key 2",
+                 "12 heads: head 8, query 4, key 0"),
+          hint="write down the slopes of 8 heads, and where heads 8 to 11 of 12 take theirs from; then the bias is "
+               "the slope times the signed distance from the query to the key")
 def _predict():
     """Predict three ALiBi bias entries before computing them."""
     b8, b12 = alibi_bias(8, 6), alibi_bias(12, 6)
     expected = (b8[0, 5, 2].item(), b8[7, 5, 2].item(), b12[8, 4, 0].item())
     return [Case("(8 heads: head 0 at (5, 2), head 7 at (5, 2); 12 heads: head 8 at (4, 0))",
                  expected=expected, rtol=1e-4, atol=1e-6)]
+
+
+def _shortcut_rope_pairs(x, positions, base):
+    return apply_rope(x, positions, base=base, interleaved=True)
+
+
+def _shortcut_rope_complex(x, positions, base):
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    rot = torch.polar(torch.ones_like(theta), positions.double()[..., None] * theta)
+    return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
+
+
+@exercise("06-rope-pairs", "rope_pairs", points=3, category="implement",
+          forbid=("attncourse.positions.apply_rope", "torch.view_as_complex", "torch.polar", "torch.complex"),
+          shortcuts=(_shortcut_rope_pairs, _shortcut_rope_complex),
+          hint="the lesson rotated halves; here dims 2i and 2i+1 form pair i. Which frequency does pair i turn at, "
+               "and what does a 2-D rotation by an angle do to the two numbers of a pair?")
+def _rope_pairs():
+    """RoPE in the paper's (and Meta LLaMA's) layout: pairs of neighbouring dims, in real arithmetic."""
+    gen = torch.Generator().manual_seed(61)
+    cases = []
+    for name, (shape, start, base) in {"(2, 3, 7, 8) at 0..6, base 10000": ((2, 3, 7, 8), 0, 10000.0),
+                                       "(5, 16) at 100..104, base 500000": ((5, 16), 100, 500000.0),
+                                       "(1, 2, 1, 4): one token at position 41": ((1, 2, 1, 4), 41, 10000.0)}.items():
+        x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        pos = torch.arange(start, start + shape[-2])
+        cases.append(Case(name, (x, pos, base), expected=apply_rope(x, pos, base=base, interleaved=True),
+                          rtol=1e-7, atol=1e-9))
+    return cases
+
+
+def _shortcut_convert(w, n_heads):
+    d = w.shape[0] // n_heads
+    return w.view(n_heads, d, -1)[:, rope_permutation(d)].reshape(w.shape)
+
+
+@exercise("06-rope-convert", "pairs_to_halves_weight", points=2, category="implement",
+          forbid=("attncourse.positions.rope_permutation",), shortcuts=(_shortcut_convert,),
+          hint="a row of W_q is one output dim of one head; in the halves layout, where must the two dims of pair i "
+               "of a head go? Permute rows within each head, never across heads")
+def _rope_convert():
+    """Turn a pairs-layout W_q (or W_k) into a halves-layout one giving the same attention scores."""
+    gen = torch.Generator().manual_seed(62)
+    cases = []
+    for h, d, d_model in ((4, 8, 32), (2, 16, 12), (1, 4, 4)):
+        w = torch.randn(h * d, d_model, generator=gen, dtype=torch.float64)
+        cases.append(Case(f"{h} heads of {d}, d_model {d_model}", (w, h), expected=_shortcut_convert(w, h),
+                          compare="equal"))
+    return cases
+
+
+def _encoder_bias_reference(n_heads: int, seq_len: int) -> torch.Tensor:
+    pos = torch.arange(seq_len)
+    return -alibi_bias_at(alibi_slopes(n_heads), pos, pos).abs()  # (H, T, T)
+
+
+@exercise("06-encoder-alibi", "encoder_alibi_bias", points=2, category="bug",
+          bug_words=("symmetric", "absolute distance", "rewards", "favours later", "prefers later"),
+          hint="there is no causal mask in an encoder: for a query in the middle, what bias does a key three "
+               "places after it get, and what bias a key three places before?")
+def _encoder_alibi():
+    """Fix the notes' ALiBi bias for an encoder's self-attention (every query sees every key)."""
+    return [Case(f"{h} heads, {t} tokens", (h, t), expected=_encoder_bias_reference(h, t), rtol=1e-6, atol=1e-7)
+            for h, t in ((8, 6), (12, 5), (1, 3), (4, 9))]
+
+
+ROPE_DISTANCES = (0, 1, 4, 16, 64, 256, 1024)
+
+
+def rope_similarity_reference(seed: int, base: float) -> torch.Tensor:
+    """Mean over 512 seeded vectors of q_m . q_0 / |q|^2 (RoPE, halves layout, D = 64) at each distance m."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(512, 64, generator=gen, dtype=torch.float64)  # (N, D)
+    out = []
+    for m in ROPE_DISTANCES:
+        rotated = apply_rope(q[:, None], torch.tensor([m]), base=base)[:, 0]  # (N, 1, D) -> (N, D)
+        out.append(((rotated * q).sum(-1) / (q * q).sum(-1)).mean())
+    return torch.stack(out)
+
+
+@exercise("06-rope-decay", "rope_similarity", points=2, category="experiment",
+          hint="draw the vectors once from a generator seeded with the seed; a key equal to the query sits at "
+               "position 0 and the query at position m, so only the query is rotated; average the normalised score")
+def _rope_decay():
+    """How fast does RoPE's score between a query and a key with the same content fall with their distance?"""
+    return [Case(f"seed {seed}, base {base:g}", (seed, base), expected=rope_similarity_reference(seed, base),
+                 rtol=1e-6, atol=1e-9) for seed in (0, 1, 2) for base in (10000.0, 100.0)]
