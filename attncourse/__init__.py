@@ -28,6 +28,7 @@ from .online_softmax import (
 )
 from .paged_cache import memory_waste, paged_attention, PagedKVCache
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
+from .positions import apply_rope, rope_attention_factor, rope_inv_freq, rope_permutation
 from .ring import distributed_attention, ring_attention, run_distributed, ulysses_attention
 from .rnn_attention import AdditiveAttention, LuongAttention
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
@@ -126,4 +127,8 @@ __all__ = [
     "two_pass_softmax",
     "ulysses_attention",
     "unpatchify",
+    "apply_rope",
+    "rope_attention_factor",
+    "rope_inv_freq",
+    "rope_permutation",
 ]

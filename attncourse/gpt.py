@@ -6,7 +6,11 @@ so MHA, GQA and MQA are one config field apart. Positions are one of
 
 * ``"learned"``: a trained vector per absolute position, up to ``block_size`` (GPT-2);
 * ``"sinusoidal"``: the fixed table of Vaswani et al., defined at any position;
-* ``"alibi"``: no position vector at all; a per-head linear bias on the scores (Press et al.).
+* ``"alibi"``: no position vector at all; a per-head linear bias on the scores (Press et al.);
+* ``"rope"``: no position vector; q and k rotated by position in every layer (Su et al.), base
+  ``rope_base``, rescaled by ``rope_scaling`` (set it later with :meth:`GPT.set_rope_scaling` to extend
+  a trained model's context);
+* ``"none"``: nothing (NoPE): a causal model can still infer positions (Haviv et al. 2022).
 
 The attention pattern is causal, or a sliding window (``window``), or sinks + window (``n_sink``). The
 model builds every mask and bias itself from **absolute positions**, so a forward pass with KV caches
@@ -27,7 +31,7 @@ from .masks import MaskMod, attention_sink, causal, materialize_at
 from .positions import alibi_bias_at, alibi_slopes, sinusoidal_positions
 from .transformer import TransformerBlock
 
-POSITIONS = ("learned", "sinusoidal", "alibi", "none")
+POSITIONS = ("learned", "sinusoidal", "alibi", "none", "rope")
 
 
 @dataclass
@@ -42,6 +46,8 @@ class GPTConfig:
     position: str = "learned"  # one of POSITIONS ("none": no position information at all)
     window: int | None = None  # sliding window: each query sees itself and window - 1 keys before
     n_sink: int = 0  # with a window: the first n_sink tokens stay visible to every query (StreamingLLM)
+    rope_base: float = 10000.0  # with position="rope"
+    rope_scaling: dict | None = None  # with position="rope": see positions.rope_inv_freq
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
@@ -52,6 +58,11 @@ class GPTConfig:
             _validate.positive_int("window", self.window)
         if self.n_sink and self.window is None:
             raise ValueError(f"n_sink={self.n_sink} needs a window (sinks + window), got window=None")
+        if self.rope_scaling is not None and self.position != "rope":
+            raise ValueError(f"rope_scaling needs position='rope', got position={self.position!r}")
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"position='rope' needs an even head dim, got d_model={self.d_model}, "
+                             f"n_heads={self.n_heads}")
 
 
 class GPT(nn.Module):
@@ -70,6 +81,17 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.register_buffer("slopes", alibi_slopes(c.n_heads), persistent=False)  # (H,), used by "alibi"
+        if c.position == "rope":
+            for block in self.blocks:
+                block.attn.set_rope(c.rope_base, c.rope_scaling)
+
+    def set_rope_scaling(self, scaling: dict | None) -> None:
+        """Rescale RoPE in every layer (None: plain RoPE), e.g. ``{"type": "linear", "factor": 4}``."""
+        if self.config.position != "rope":
+            raise ValueError(f"set_rope_scaling needs position='rope', got {self.config.position!r}")
+        for block in self.blocks:
+            block.attn.set_rope(self.config.rope_base, scaling)
+        self.config.rope_scaling = self.blocks[0].attn.rope_scaling
 
     @property
     def mask_mod(self) -> MaskMod:

@@ -8,14 +8,12 @@ KV cache of one sequence: keys and values, for every layer, KV head, position an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from . import _validate
-from .mha import MultiHeadAttention
-from .sdpa import safe_softmax
+from .mha import grouped_attention, MultiHeadAttention  # noqa: F401  (grouped_attention re-exported)
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch_size: int = 1,
@@ -90,52 +88,6 @@ def model_config(name: str) -> ModelConfig:
     raise ValueError(f"no model config named {name!r}; known: {[c.name for c in MODEL_CONFIGS]}")
 
 
-def _grouped_mask(attn_mask: torch.Tensor, b: int, h: int, h_kv: int, t: int, s: int) -> torch.Tensor:
-    """A mask broadcastable to (B, H, T, S), reshaped to broadcast to (B, Hkv, G, T, S)."""
-    _validate.broadcastable("attn_mask", tuple(attn_mask.shape), (b, h, t, s), "scores (B, H, T, S)")
-    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # (b', h', T', S')
-    if m.shape[1] == 1:
-        return m[:, :, None]  # (b', 1, 1, T', S')
-    return m.reshape(m.shape[0], h_kv, h // h_kv, m.shape[2], m.shape[3])  # head h -> (h // G, h % G)
-
-
-def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attn_mask: torch.Tensor | None = None, *, is_causal: bool = False,
-                      scale: float | None = None, return_weights: bool = False
-                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """GQA without repeating K/V: query (B, H, T, D), key/value (B, Hkv, S, D) -> (B, H, T, D).
-
-    The G = H / Hkv query heads of a group are stacked along the time axis, so one matmul per KV head
-    serves the whole group; scores have shape (B, Hkv, G, T, S). Masks as in
-    :func:`~attncourse.scaled_dot_product_attention` (broadcastable to (B, H, T, S); `is_causal` top-left).
-    """
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        _validate.tensor(name, x, min_rank=1, floating=True)
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be (B, heads, T, D), got shape {tuple(x.shape)}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
-    (b, h, t, d), (bk, h_kv, s, dk) = query.shape, key.shape
-    if b != bk or value.shape[:3] != key.shape[:3] or h % h_kv or d != dk:
-        raise ValueError(f"need query (B, H, T, D) and key/value (B, Hkv, S, D) with H divisible by Hkv, got "
-                         f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
-    g = h // h_kv
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q = query.reshape(b, h_kv, g * t, d)  # (B, H, T, D) -> (B, Hkv, G*T, D): a view when contiguous
-    scores = (q @ key.transpose(-2, -1)) * scale  # (B, Hkv, G*T, D) @ (B, Hkv, D, S) -> (B, Hkv, G*T, S)
-    scores = scores.view(b, h_kv, g, t, s)  # (B, Hkv, G, T, S)
-    if attn_mask is not None:
-        m = _grouped_mask(attn_mask, b, h, h_kv, t, s)
-        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.to(scores.dtype)
-    if is_causal:
-        scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(), float("-inf"))
-    weights = safe_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores)
-    weights = weights.to(value.dtype)  # (B, Hkv, G, T, S)
-    out = weights.view(b, h_kv, g * t, s) @ value  # (B, Hkv, G*T, S) @ (B, Hkv, S, Dv) -> (B, Hkv, G*T, Dv)
-    out = out.view(b, h, t, value.shape[-1])  # (B, H, T, Dv)
-    return (out, weights.view(b, h, t, s)) if return_weights else out
-
-
 def mha_to_gqa(mha: MultiHeadAttention, n_kv_heads: int, method: str = "mean") -> MultiHeadAttention:
     """A GQA copy of an MHA layer: queries and output projection kept, K/V heads merged per group.
 
@@ -151,7 +103,8 @@ def mha_to_gqa(mha: MultiHeadAttention, n_kv_heads: int, method: str = "mean") -
         raise ValueError(f"method must be 'mean', 'first' or 'random', got {method!r}")
     bias = mha.q_proj.bias is not None
     w = mha.q_proj.weight
-    gqa = MultiHeadAttention(mha.d_model, mha.n_heads, n_kv_heads, bias=bias).to(w.device, w.dtype)
+    gqa = MultiHeadAttention(mha.d_model, mha.n_heads, n_kv_heads, bias=bias, rope_base=mha.rope_base,
+                             rope_scaling=mha.rope_scaling).to(w.device, w.dtype)
     gqa.q_proj.load_state_dict(mha.q_proj.state_dict())
     gqa.o_proj.load_state_dict(mha.o_proj.state_dict())
     if method == "random":

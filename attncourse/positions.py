@@ -1,4 +1,5 @@
-r"""Where a token is: sinusoidal position encodings (Vaswani et al.) and ALiBi biases (Press et al.).
+r"""Where a token is: sinusoidal position encodings (Vaswani et al.), ALiBi biases (Press et al.) and
+rotary position embeddings, RoPE (Su et al.), with the context-extension rescalings of RoPE.
 
 Attention is permutation-equivariant, so order has to be added. Sinusoidal encodings add a fixed vector
 per absolute position to the embeddings:
@@ -9,6 +10,11 @@ ALiBi adds nothing to the embeddings; it adds a per-head linear penalty to the s
 ``m_h * (j - i)`` for query i and key j (negative for keys in the past), with head slopes forming a
 geometric sequence. Biases here are float masks: add them to the scores (or pass them as ``attn_mask``);
 combine with a causal mask yourself, e.g. through :func:`alibi_score_mod` and the masks module.
+
+RoPE rotates each 2-D pair of query/key dims by the angle ``t * theta_i`` (``theta_i = base^(-2i/D)``), so
+``q_m . k_n`` depends on positions only through ``m - n``. Two layouts exist: pairs (2i, 2i+1) as in the
+paper and Meta's LLaMA code (``interleaved=True``) and halves (i, i + D/2) as in GPT-NeoX and Hugging Face
+(``rotate_half``, the default); :func:`rope_permutation` maps one onto the other.
 """
 
 from __future__ import annotations
@@ -135,6 +141,139 @@ def grouped_alibi_bias(n_heads: int, n_kv_heads: int, q_len: int, k_len: int | N
         raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
     bias = alibi_bias(n_heads, q_len, k_len)  # (H, Tq, Tk)
     return bias.view(n_kv_heads, n_heads // n_kv_heads, *bias.shape[1:])  # (Hkv, G, Tq, Tk)
+
+
+ROPE_SCALING_KEYS = {  # type -> (required keys, optional keys with defaults)
+    "linear": (("factor",), {}),
+    "ntk": (("factor",), {}),
+    "yarn": (("factor", "original_max_position"), {"beta_fast": 32.0, "beta_slow": 1.0}),
+}
+
+
+def check_rope_scaling(scaling: dict | None) -> dict | None:
+    """Validate a RoPE scaling dict and return it with defaults filled in (None stays None)."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be None or a dict, got {type(scaling).__name__}")
+    kind = scaling.get("type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"scaling['type'] must be one of {sorted(ROPE_SCALING_KEYS)}, got {kind!r}")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    missing = [k for k in required if k not in scaling]
+    unknown = sorted(set(scaling) - {"type", *required, *optional})
+    if missing or unknown:
+        raise ValueError(f"scaling of type {kind!r} needs keys {list(required)} (optional {sorted(optional)}); "
+                         f"missing {missing}, unknown {unknown}")
+    out = {"type": kind, **optional, **{k: scaling[k] for k in scaling if k != "type"}}
+    for k in ("factor", "original_max_position", "beta_fast", "beta_slow"):
+        if k in out and (isinstance(out[k], bool) or not isinstance(out[k], (int, float)) or out[k] <= 0):
+            raise ValueError(f"scaling[{k!r}] must be a positive number, got {out[k]!r}")
+    return out
+
+
+def rope_inv_freq(head_dim: int, base: float = 10000.0, *, scaling: dict | None = None) -> torch.Tensor:
+    """(head_dim/2,) float32 inverse frequencies ``theta_i = base^(-2i/D)``, optionally rescaled.
+
+    scaling (the numbers of Hugging Face transformers' ``modeling_rope_utils``):
+
+    * ``{"type": "linear", "factor": s}``: position interpolation (Chen et al. 2023), theta_i / s;
+    * ``{"type": "ntk", "factor": s}``: NTK-aware, base replaced by ``base * s^(D/(D-2))``;
+    * ``{"type": "yarn", "factor": s, "original_max_position": L, "beta_fast": 32, "beta_slow": 1}``:
+      YaRN (Peng et al. 2023): dims that turn more than beta_fast times over L positions keep theta_i,
+      dims that turn fewer than beta_slow times are interpolated (theta_i / s), a linear ramp in between.
+      Pair it with :func:`rope_attention_factor`.
+    """
+    _validate.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs of dims), got {head_dim}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    scaling = check_rope_scaling(scaling)
+    kind = None if scaling is None else scaling["type"]
+    if kind == "ntk":
+        base = base * scaling["factor"] ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (D/2,)
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "yarn":
+        s, length = scaling["factor"], scaling["original_max_position"]
+
+        def dim_for(n_turns: float) -> float:  # the dim index whose frequency turns n_turns times over L
+            return head_dim * math.log(length / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(dim_for(scaling["beta_fast"])), 0)
+        high = min(math.ceil(dim_for(scaling["beta_slow"])), head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (D/2,)
+        keep = 1 - ramp  # 1: extrapolate (high frequency, keep theta_i); 0: interpolate (theta_i / s)
+        inv_freq = inv_freq / s * (1 - keep) + inv_freq * keep
+    return inv_freq
+
+
+def rope_attention_factor(scaling: dict | None = None) -> float:
+    """YaRN's factor ``0.1 ln s + 1`` (1.0 for s <= 1 and for every other scaling).
+
+    Hugging Face multiplies cos and sin by it, i.e. q and k each, so the logits grow by its square:
+    the paper's temperature ``sqrt(1/t) = 0.1 ln s + 1``.
+    """
+    scaling = check_rope_scaling(scaling)
+    if scaling is None or scaling["type"] != "yarn" or scaling["factor"] <= 1:
+        return 1.0
+    return 0.1 * math.log(scaling["factor"]) + 1.0
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0,
+               interleaved: bool = False, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate x (..., T, D) by its positions: every pair of dims (a, b) at position t becomes
+    ``(a cos - b sin, b cos + a sin)`` of the angle ``t * theta_i``.
+
+    positions: integer tensor broadcastable to (..., T), default ``arange(T)``. interleaved: pairs
+    (2i, 2i+1) if True, halves (i, i + D/2) if False. inv_freq: (D/2,) frequencies, default
+    ``rope_inv_freq(D, base)``. Angles in float32 (float64 for float64 x); returns x's shape and dtype.
+    """
+    _validate.tensor("x", x, min_rank=2, floating=True)
+    t, d = x.shape[-2:]
+    if d % 2:
+        raise ValueError(f"x must have an even last dim D (RoPE rotates pairs), got shape {tuple(x.shape)}")
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if positions is None:
+        positions = torch.arange(t, device=x.device)
+    _validate.tensor("positions", positions, min_rank=1)
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    _validate.broadcastable("positions", tuple(positions.shape), tuple(x.shape[:-1]), "x without D (..., T)")
+    if inv_freq is None:  # validates base; then recomputed in float64 for float64 x
+        inv_freq = rope_inv_freq(d, base)
+        if cdt == torch.float64:
+            inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=cdt) / d))  # (D/2,)
+    _validate.tensor("inv_freq", inv_freq, min_rank=1, floating=True)
+    if inv_freq.shape != (d // 2,):
+        raise ValueError(f"inv_freq must be (D/2,) = ({d // 2},) for x of shape {tuple(x.shape)}, "
+                         f"got {tuple(inv_freq.shape)}")
+    angle = positions.to(x.device, cdt)[..., None] * inv_freq.to(x.device, cdt)  # (..., T, 1) * (D/2,) -> (..., T, D/2)
+    cos, sin = angle.cos(), angle.sin()
+    xc = x.to(cdt)
+    if interleaved:
+        a, b = xc[..., 0::2], xc[..., 1::2]  # (..., T, D/2) each: dims 2i and 2i+1
+        out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
+    else:
+        a, b = xc[..., : d // 2], xc[..., d // 2:]  # (..., T, D/2) each: dims i and i + D/2
+        out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)  # (..., T, D)
+    return out.to(x.dtype)
+
+
+def rope_permutation(head_dim: int) -> torch.Tensor:
+    """(D,) index ``perm`` with ``x_halves = x_pairs[..., perm]``: pair i's dims (2i, 2i+1) go to (i, i + D/2).
+
+    Permuting the rows of W_q and W_k of a pairs-layout checkpoint this way gives a halves-layout model
+    with identical attention (what Hugging Face's LLaMA conversion script does).
+    """
+    _validate.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    return torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])  # (D,)
 
 
 if __name__ == "__main__":  # pragma: no cover - a demo that draws

@@ -191,6 +191,36 @@ def test_kv_cache_decode_equals_full_forward(hkv, chunks):
     torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL[torch.float64])
 
 
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_gqa_decode_reads_the_cache_without_copying_it(hkv, monkeypatch):
+    """Decode goes through the grouped form: repeat_kv is never called and the scores hold Hkv groups."""
+    import attncourse.mha as mha_module
+    from attncourse.kv_cache import KVCache
+
+    def refuse(*a, **k):
+        raise AssertionError("repeat_kv called: the cache would be copied n_rep times")
+
+    seen = []
+
+    def spy(q, k, v, *a, **kw):
+        seen.append((k.shape[1], k.data_ptr(), v.data_ptr()))
+        return grouped(q, k, v, *a, **kw)
+
+    grouped = mha_module.grouped_attention
+    monkeypatch.setattr(mha_module, "repeat_kv", refuse)
+    monkeypatch.setattr(mha_module, "grouped_attention", spy)
+    m = make_mha(16, 4, hkv)
+    x = make_x(2, 9, 16)
+    full = m(x, is_causal=True)
+    cache = KVCache(2, hkv, 4, 9, dtype=torch.float64)
+    seen.clear()
+    outs = [m(x[:, :5], is_causal=True, kv_cache=cache)] + [
+        m(x[:, t:t + 1], is_causal=True, kv_cache=cache) for t in range(5, 9)]
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL[torch.float64])
+    # every step attended over the cache's own storage (same pointers), Hkv heads wide
+    assert seen == [(hkv, cache.k.data_ptr(), cache.v.data_ptr())] * 5
+
+
 def test_kv_cache_with_extra_mask_and_weights():
     m = make_mha(16, 4, 2)
     x = make_x(1, 6, 16)
