@@ -28,6 +28,9 @@ from . import _validate
 from .gpt import GPT
 from .kv_cache import SinkWindowCache
 from .masks import attention_sink, materialize
+from .mha import merge_heads, repeat_kv
+from .positions import apply_rope
+from .sdpa import safe_softmax
 
 
 def with_bos(tokens: torch.Tensor, bos: int) -> torch.Tensor:
@@ -59,29 +62,61 @@ def in_cache_positions(seq_len: int, window: int, n_sink: int) -> tuple[torch.Te
     return visible, key_pos, query_pos
 
 
+def _rope_block(block, x: torch.Tensor, visible: torch.Tensor, query_pos: torch.Tensor, n_sink: int
+                ) -> torch.Tensor:
+    """One pre-norm block of a RoPE model whose queries see their cache with positions inside it.
+
+    With RoPE a score depends on the distance between the query's and the key's positions. Inside a
+    sink + window cache a window key is as far from the query as in the stream (i - j), but a sink j sits
+    at distance ``query_pos[i] - j``: the sink scores come from queries rotated at their in-cache position.
+    """
+    attn = block.attn
+    q, k, v = attn.project_qkv(block.norm1(x))  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
+    q_stream, k = attn.rotate(q, k, 0)  # rotated at stream positions 0 .. T-1
+    q_cache = apply_rope(q, query_pos.to(q.device), inv_freq=attn.inv_freq) * attn.rope_factor  # (B, H, T, D)
+    k, v = repeat_kv(k, attn.n_rep), repeat_kv(v, attn.n_rep)  # (B, H, T, D)
+    scale = attn.head_dim ** -0.5
+    s_stream = q_stream @ k.transpose(-2, -1) * scale  # (B, H, T, D) @ (B, H, D, T) -> (B, H, T, T)
+    s_cache = q_cache @ k.transpose(-2, -1) * scale  # (B, H, T, T)
+    is_sink = (torch.arange(x.shape[1], device=x.device) < n_sink)[None, :]  # (1, T) over keys
+    scores = torch.where(is_sink, s_cache, s_stream).masked_fill(~visible, float("-inf"))  # (B, H, T, T)
+    out = safe_softmax(scores) @ v  # (B, H, T, T) @ (B, H, T, D) -> (B, H, T, D)
+    x = x + attn.o_proj(merge_heads(out))  # (B, T, d)
+    return x + block.ff(block.norm2(x))
+
+
 @torch.no_grad()
 def streaming_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int, *, reindex: bool = True
                      ) -> torch.Tensor:
     """Logits (B, T, V) of `tokens` (B, T) streamed through a sink + window cache, in one forward.
 
-    Equal to :func:`stream_decode_logits` (same `reindex`). With ``reindex=False`` the keys keep their
-    absolute positions (the mask alone bounds the cache).
+    Equal to decoding token by token through the cache (:func:`stream_decode_logits`; for RoPE, to a cache
+    that stores keys before rotating them, as StreamingLLM's does: tests/test_sinks.py). With
+    ``reindex=False`` the keys keep their stream positions (the mask alone bounds the cache).
     """
     _validate.tensor("tokens", tokens, min_rank=2)
     _validate.positive_int("window", window)
     t = tokens.shape[1]
     visible, key_pos, query_pos = in_cache_positions(t, window, n_sink)
+    c = model.config
     if not reindex:
         query_pos = torch.arange(t)
         key_pos = query_pos[None, :].expand(t, t)
-    c = model.config
+    if c.position == "rope" and reindex:
+        if not model.blocks[0].norm_first:
+            raise ValueError("streaming_logits supports the GPT's pre-norm blocks only")
+        x = model.embed(tokens, torch.arange(t, device=tokens.device))  # (B, T, d): no position vector
+        for block in model.blocks:
+            x = _rope_block(block, x, visible.to(tokens.device), query_pos, n_sink)
+        return model.head(model.norm(x))
     if c.position == "alibi":
         bias = model.slopes[:, None, None] * (key_pos - query_pos[:, None]).to(model.slopes)  # (H, T, T)
         mask = bias.masked_fill(~visible, float("-inf"))
-    elif c.position in ("none",) or not reindex:
+    elif c.position in ("none", "rope") or not reindex:
         mask = visible
     else:
-        raise ValueError(f"streaming_logits re-indexes ALiBi or position-free models, got position={c.position!r}")
+        raise ValueError(f"streaming_logits re-indexes RoPE, ALiBi or position-free models, got position="
+                         f"{c.position!r}")
     x = model.embed(tokens, query_pos.to(tokens.device))  # (B, T, d)
     for block in model.blocks:
         x = block(x, attn_mask=mask.to(tokens.device))  # (B, T, d)
@@ -91,7 +126,12 @@ def streaming_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int,
 @torch.no_grad()
 def stream_decode_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int, *, reindex: bool = True
                          ) -> torch.Tensor:
-    """The same logits (B, T, V), one token at a time through :func:`streaming_caches` (slow; the reference)."""
+    """The same logits (B, T, V), one token at a time through :func:`streaming_caches` (slow; the reference).
+
+    Not for RoPE with `reindex`: the course's attention stores keys already rotated at stream positions."""
+    if model.config.position == "rope" and reindex:
+        raise ValueError("a RoPE model's cache holds keys rotated at their stream positions: decode it with "
+                         "reindex=False, or use streaming_logits")
     caches = streaming_caches(model, tokens.shape[0], window, n_sink, reindex=reindex)
     return torch.cat([model(tokens[:, i:i + 1], caches) for i in range(tokens.shape[1])], dim=1)
 
@@ -170,3 +210,37 @@ def sink_losses(model: GPT, stream: torch.Tensor, cache: int, n_sink: int, bos: 
     recomputed[0, w:] = F.cross_entropy(rec, stream[w:], reduction="none")  # aligned with the others
     out["recompute window"] = recomputed
     return {k: float(v[0, start:].nanmean()) for k, v in out.items()}
+
+
+@torch.no_grad()
+def windowed_accuracy(model: GPT, series: torch.Tensor, start: int, context: int, bos: int | None = None,
+                      batch_size: int = 256) -> float:
+    """Greedy next-token accuracy on a 1-D token `series` from position `start` on, each token predicted from
+    the `context` tokens before it (after a `bos` token if given, as in training)."""
+    _validate.tensor("series", series)
+    if series.dim() != 1 or series.is_floating_point():
+        raise ValueError(f"series must be a 1-D integer tensor, got shape {tuple(series.shape)}, dtype {series.dtype}")
+    _validate.positive_int("context", context)
+    if not context <= start < len(series):
+        raise ValueError(f"need context <= start < len(series), got context={context}, start={start}, "
+                         f"series {tuple(series.shape)}")
+    windows = series.unfold(0, context + 1, 1)[start - context:]  # (N, context + 1): row n ends at start + n
+    hits = 0
+    for chunk in windows.split(batch_size):
+        inputs = chunk[:, :-1] if bos is None else with_bos(chunk[:, :-1], bos)  # (b, context [+ 1])
+        hits += int((model(inputs)[:, -1].argmax(-1) == chunk[:, -1]).sum())
+    return hits / len(windows)
+
+
+@torch.no_grad()
+def greedy_decode(model: GPT, prompt: torch.Tensor, n_new: int, caches: list) -> tuple[torch.Tensor, list[int]]:
+    """Greedy continuation of `prompt` (B, T0) by `n_new` tokens through the given caches (one per layer):
+    returns the new tokens (B, n_new) and the first cache's length after each step."""
+    _validate.positive_int("n_new", n_new)
+    logits, out, sizes = model(prompt, caches), [], []
+    for _ in range(n_new):
+        nxt = logits[:, -1:].argmax(-1)  # (B, 1)
+        out.append(nxt)
+        sizes.append(len(caches[0]))
+        logits = model(nxt, caches)  # (B, 1, V)
+    return torch.cat(out, dim=1), sizes

@@ -115,7 +115,7 @@ def _decode_reference(state: dict, x: torch.Tensor) -> torch.Tensor:
 
 
 @exercise("07-decode-bug", "decode_fixed", points=2, category="bug",
-          bug_words=("offset", "position 0", "position zero", "first position"),
+          bug_words=("offset", "position zero", "same position for every", "always at position"),
           hint="print what the full forward adds to the token at time t and what the loop adds to it; "
                "they agree at t of zero only")
 def _decode_bug():
