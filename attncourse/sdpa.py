@@ -104,11 +104,13 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
 
-    scores = (query @ key.transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, Tk) -> (..., Tq, Tk)
+    # Half precision: scores, softmax and the weighted sum in float32, rounded once at the end, as PyTorch's
+    # kernels do (compute_dtype). Other dtypes compute in their own precision.
+    work = compute_dtype(query.dtype)
+    q, k, v = query.to(work), key.to(work), value.to(work)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, D) @ (..., D, Tk) -> (..., Tq, Tk)
     scores = apply_mask(scores, attn_mask, is_causal=is_causal)
-
-    # Softmax in float32 at least, as PyTorch's kernels do for half precision.
-    weights = safe_softmax(scores.to(compute_dtype(scores.dtype)))
+    weights = safe_softmax(scores)
+    out = (weights @ v).to(value.dtype)  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
     weights = weights.to(value.dtype)
-    out = weights @ value  # (..., Tq, Tk) @ (..., Tk, Dv) -> (..., Tq, Dv)
     return (out, weights) if return_weights else out

@@ -119,3 +119,90 @@ def test_registry_is_consistent():
         checks.get("nope")
     with pytest.raises(ValueError, match="registered twice"):
         checks.exercise("03-sdpa-numpy", "x")(lambda: [])
+
+
+# ----------------------------------------------------------------------------- what a learner sees in a notebook
+# A private exercise (not a chapter's, which their authors rewrite): scaled dot-product attention, hint and all.
+
+
+def attention_cases():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    return [checks.Case("square (1, 2, 4, 8)", (q, k, v), expected=right(q, k, v))]
+
+
+@pytest.fixture
+def ex(monkeypatch):
+    for exercise in (checks.Exercise("99-attention", "attention", attention_cases, hint="normalise over the keys",
+                                     forbid=("torch.nn.functional.scaled_dot_product_attention",)),
+                     checks.Exercise("99-shapes", "predicted_shapes", lambda: [checks.Case("c", expected=(1, 2))],
+                                     kind="value")):
+        monkeypatch.setitem(checks._REGISTRY, exercise.id, exercise)
+    return "99-attention"
+
+
+def rendered(exercise_id, answer=checks._MISSING):
+    """The lines IPython shows for the check's exception (its ``_render_traceback_``), or None if it passed."""
+    try:
+        check(exercise_id) if answer is checks._MISSING else check(exercise_id, answer)
+    except (CheckFailed, ExerciseNotDone) as err:
+        return err._render_traceback_()
+    return None
+
+
+def no_internals(lines):
+    text = "\n".join(lines)
+    return "Traceback" not in text and "File " not in text and "attncourse/" not in text and "site-packages" not in text
+
+
+def test_not_attempted_is_two_lines(ex):
+    def stub(q, k, v):
+        raise NotImplementedError()
+
+    for lines in (rendered("99-shapes"), rendered(ex, stub)):
+        assert len(lines) == 2 and no_internals(lines)
+        assert lines[0].endswith("not attempted yet; write your answer in the cell above")
+    assert rendered("99-shapes")[0] == "exercise 99-shapes: not attempted yet; write your answer in the cell above"
+    assert "`predicted_shapes` is not defined yet" in rendered("99-shapes")[1]
+    assert "`attention` still raises NotImplementedError" in rendered(ex, stub)[1]
+    assert rendered(ex, right) is None
+
+
+def test_failure_shows_case_detail_hint_and_only_the_learners_frames(ex):
+    def wrong(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -2) @ v
+
+    lines = rendered(ex, wrong)
+    assert lines[0] == "✗ 99-attention: case 'square (1, 2, 4, 8)' failed"
+    assert "expected" in lines[1] and ", got " in lines[1] and lines[-1] == "  hint: normalise over the keys"
+    assert no_internals(lines) and len(lines) == 3
+
+    import linecache
+
+    source, cell = "def crashes(q, k, v):\n    return q[99]\n", "/tmp/ipykernel_1/123.py"  # as ipykernel names cells
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    namespace: dict = {}
+    exec(compile(source, cell, "exec"), namespace)
+    lines = rendered(ex, namespace["crashes"])
+    assert lines[1].startswith("  your code raised IndexError")
+    assert lines[2] == "  your code in crashes, line 2 of its cell: return q[99]"  # a notebook frame, no others
+    assert no_internals(lines) and lines[-1].startswith("  hint: ")
+
+
+def test_forbidden_call_has_the_same_layout(ex):
+    import torch.nn.functional as F
+
+    lines = rendered(ex, lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    assert lines[0] == "✗ 99-attention: case 'square (1, 2, 4, 8)' failed"
+    assert "called torch.nn.functional.scaled_dot_product_attention" in lines[1]
+    assert lines[-1] == "  hint: normalise over the keys" and no_internals(lines)
+
+
+def test_long_values_are_cut_between_items_never_mid_number():
+    brief = checks._brief(tuple(range(1000, 1300)))
+    assert len(brief) < 200 and brief.endswith(", …)") and brief.startswith("(1000, 1001, ")
+    assert checks._brief([0.123456789] * 100).endswith(", …]")
+    assert checks._brief(torch.arange(100.0)) == "tensor of shape (100,)"
+    assert checks._brief((1,)) == "(1,)" and checks._brief({"a": (1, 2)}) == "{'a': (1, 2)}"
+    cut = checks._cut("x" * 10 + " 123456789" * 60, 100)
+    assert cut.endswith(" …") and cut[:-2].split()[-1] == "123456789"  # a whole number before the cut

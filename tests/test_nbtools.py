@@ -64,3 +64,55 @@ def test_generate_exercises_writes_and_detects_drift(tmp_path):
     (tmp_path / "exercises" / "98_stale.ipynb").write_text("{}")
     assert nbtools.generate_exercises(tmp_path) == ["98_stale.ipynb"]
     assert not (tmp_path / "exercises" / "98_stale.ipynb").exists()
+
+
+def exercise_notebook():
+    sol = nbtools.solution("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "99-f")
+    cells = [nbtools.md("# t"), nbtools.code("import math"), sol, nbtools.check_cell("99-f", 2), nbtools.code("f()")]
+    return nbtools.new_notebook(cells, "99")
+
+
+def test_normalize_kernelspec_read_only_checks_and_run_all_tags():
+    nb = exercise_notebook()
+    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    for cell in nb.cells:
+        cell.metadata.pop("editable", None), cell.metadata.pop("deletable", None)
+    assert nbtools.normalize(nb)
+    assert nb.metadata.kernelspec == nbtools.KERNELSPEC
+    check = nb.cells[3]
+    assert check.metadata["editable"] is False and check.metadata["deletable"] is False
+    assert check.metadata["nbgrader"]["locked"] is True  # nbgrader's flag stays beside JupyterLab's
+    assert "editable" not in nb.cells[2].metadata and "editable" not in nb.cells[4].metadata
+    assert not any("tags" in c.metadata for c in nb.cells), "a solution notebook gets no raises-exception tags"
+    assert not nbtools.normalize(nb), "normalizing twice changes nothing"
+
+    ex = nbtools.make_exercise(nb)  # the exercise: every code cell from the first answer on keeps Run All going
+    assert [c.metadata.get("tags", []) for c in ex.cells] == [[], [], ["raises-exception"], ["raises-exception"],
+                                                               ["raises-exception"]]
+    assert ex.cells[3].metadata["editable"] is False and not nbtools.normalize(ex)
+    assert [c.source for c in ex.cells[3:]] == [c.source for c in nb.cells[3:]], "sources are never touched"
+
+
+def test_installed_kernel_has_the_stored_display_name():
+    """The notebooks store the display name of the kernel `./course` installs (else they open as modified)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    assert KernelSpecManager().get_kernel_spec("python3").display_name == nbtools.KERNELSPEC["display_name"]
+
+
+def test_normalize_command_and_execute_apply_it(tmp_path):
+    path = tmp_path / "99_demo.ipynb"
+    nb = exercise_notebook()
+    nb.metadata.kernelspec["display_name"] = "Python 3"
+    nb.cells[3].metadata.pop("editable")
+    nb.cells[3].source = "print('checked')"  # executed below without the registry
+    nbformat.write(nb, path)
+    assert nbtools.main(["normalize", "--check", str(path)]) == 1
+    assert nbtools.main(["normalize", str(path)]) == 0
+    assert nbtools.main(["normalize", "--check", str(path)]) == 0
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.kernelspec["display_name"] = "Python 3"
+    nbformat.write(nb, path)
+    nbtools.execute(path, timeout=60)
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.kernelspec == nbtools.KERNELSPEC and nb.cells[3].outputs[0]["text"] == "checked\n"

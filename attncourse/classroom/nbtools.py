@@ -3,6 +3,7 @@
     python -m attncourse.nbtools exercises          # regenerate exercises/ from solutions/
     python -m attncourse.nbtools execute [PATH...]  # re-run notebooks in place, in fresh kernels
     python -m attncourse.nbtools refresh            # execute notebooks/ and solutions/, then exercises
+    python -m attncourse.nbtools normalize [PATH...]  # notebook metadata only (see `normalize`)
 
 `solutions/` is the single source of the exercise notebooks. Solution code sits between
 ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markup) and becomes a stub that raises
@@ -24,6 +25,50 @@ BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 CODE_STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
 MARKDOWN_STUB = ["YOUR ANSWER HERE"]
+# What ipykernel's kernelspec "python3" calls itself: JupyterLab rewrites a different display name when it starts
+# the kernel, and the notebook then opens marked as modified.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+# JupyterLab's (and nbclient's) cell tag for "an error here does not stop Run All".
+RUN_ON = "raises-exception"
+
+
+def is_check_cell(cell) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def normalize(nb: nbformat.NotebookNode) -> bool:
+    """Fix the metadata JupyterLab reads, in place; True if anything changed. Never touches sources or outputs.
+
+    * the kernelspec is :data:`KERNELSPEC`, so that a notebook does not open marked as modified;
+    * check cells get JupyterLab's ``editable: false`` and ``deletable: false`` beside nbgrader's ``locked``;
+    * in an exercise notebook (generated from solutions/), every code cell from the first answer cell on is tagged
+      ``raises-exception``: Run All goes past an exercise not attempted yet (its check shows two lines, see
+      :func:`attncourse.classroom.checks.check`) and past a demo cell that calls it, to the cells that can run.
+    """
+    before = nbformat.writes(nb)
+    nb.metadata.kernelspec = dict(KERNELSPEC)
+    exercise = "generated_from" in nb.metadata.get("attncourse", {})
+    answering = False
+    for cell in nb.cells:
+        if is_check_cell(cell):
+            cell.metadata["editable"] = False
+            cell.metadata["deletable"] = False
+        answering = answering or (cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution", False))
+        if exercise and answering and cell.cell_type == "code" and RUN_ON not in cell.metadata.get("tags", []):
+            cell.metadata["tags"] = [*cell.metadata.get("tags", []), RUN_ON]
+    return nbformat.writes(nb) != before
+
+
+def normalize_files(paths: list[Path]) -> list[Path]:
+    """Normalize notebooks on disk; return those that changed."""
+    changed = []
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        if normalize(nb):
+            nbformat.write(nb, path)
+            changed.append(path)
+    return changed
 
 
 def _strip_region(lines: list[str], begin: str, end: str, stub: list[str] | None, where: str) -> list[str]:
@@ -67,6 +112,7 @@ def make_exercise(nb: nbformat.NotebookNode, where: str = "notebook") -> nbforma
             cell.execution_count = None
         cell.metadata.pop("execution", None)
     nb.metadata.setdefault("attncourse", {})["generated_from"] = "solutions/ (do not edit by hand)"
+    normalize(nb)
     return nb
 
 
@@ -127,6 +173,7 @@ def check_cell(exercise_id: str, points: float, extra: str = "") -> nbformat.Not
     """The read-only check cell nbgrader grades: calls attncourse.check on the exercise."""
     cell = code(f'check("{exercise_id}")' + (f"\n{extra}" if extra else ""))
     cell.metadata.update(_nbgrader(exercise_id, grade=True, solution=False, locked=True, points=points))
+    cell.metadata.update(editable=False, deletable=False)  # JupyterLab's read-only flags (nbgrader's `locked` is not)
     return cell
 
 
@@ -141,7 +188,7 @@ def written_answer(text: str, grade_id: str, points: float) -> nbformat.Notebook
 
 def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata.kernelspec = dict(KERNELSPEC)
     nb.metadata.language_info = {"name": "python"}
     nb.metadata.attncourse = {"chapter": chapter}
     return nb
@@ -163,7 +210,7 @@ def kernel_manager():
     class CurrentEnvSpecs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
             return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                              display_name="Python 3", language="python")
+                              display_name=KERNELSPEC["display_name"], language="python")
 
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
 
@@ -199,7 +246,7 @@ def execute(path: Path, timeout: int = 300) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    nb.metadata.kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    normalize(nb)
     nbformat.write(nb, path)
     return elapsed
 
@@ -213,7 +260,20 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("execute", help="execute notebooks in place in fresh kernels")
     run.add_argument("paths", nargs="*", type=Path)
     sub.add_parser("refresh", help="execute notebooks/ and solutions/, then regenerate exercises/")
+    norm = sub.add_parser("normalize", help="fix kernelspec and JupyterLab metadata (default: every notebook)")
+    norm.add_argument("paths", nargs="*", type=Path)
+    norm.add_argument("--check", action="store_true", help="only report; exit 1 if any would change")
     args = parser.parse_args(argv)
+
+    if args.command == "normalize":
+        paths = args.paths or sorted(p for d in ("notebooks", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+        if args.check:
+            changed = [p for p in paths if normalize(nbformat.read(p, as_version=4))]
+        else:
+            changed = normalize_files(paths)
+        verb = "to normalize" if args.check else "normalized"
+        print(f"{len(changed)} notebook(s) {verb}: {', '.join(Path(p).name for p in changed) or '-'}")
+        return 1 if args.check and changed else 0
 
     if args.command == "exercises":
         changed = generate_exercises(check_only=args.check)
@@ -223,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = getattr(args, "paths", None) or sorted(
         [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
     for path in paths:
-        print(f"{path.relative_to(ROOT) if path.is_absolute() else path}: ", end="", flush=True)
+        shown = path.relative_to(ROOT) if path.is_absolute() and path.is_relative_to(ROOT) else path
+        print(f"{shown}: ", end="", flush=True)
         print(f"{execute(Path(path).resolve()):.1f} s", flush=True)
     if args.command == "refresh":
         changed = generate_exercises()

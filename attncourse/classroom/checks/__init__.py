@@ -38,6 +38,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -47,7 +48,7 @@ import torch
 from . import forbidden
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "check", "exercise", "get",
-           "exercises_for", "registry", "compare", "feedback", "to_portable"]
+           "exercises_for", "registry", "compare", "feedback", "to_portable", "render"]
 
 # What an exercise asks of the learner. Every chapter has at least one of each (tests/test_exercise_standard.py).
 #   implement:  write a function the lesson did not show line by line; `forbid` names the library functions
@@ -61,11 +62,31 @@ CATEGORIES = ("implement", "bug", "predict", "experiment")
 
 
 class CheckFailed(Exception):
-    """A learner's answer gave a wrong result; the message says which case, what and why."""
+    """A learner's answer gave a wrong result; the message says which case, what and why. IPython shows
+    :func:`render` (via ``_render_traceback_``) in place of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return render(self)
 
 
 class ExerciseNotDone(NotImplementedError):
-    """The exercise's function or value is not defined yet (or is still the stub)."""
+    """The exercise's function or value is not defined yet (or is still the stub): two lines in a notebook."""
+
+    def _render_traceback_(self) -> list[str]:
+        return render(self)
+
+
+def render(err: BaseException) -> list[str]:
+    """What a learner sees for a failed check: the message, then the learner's own frames of its cause."""
+    lines = str(err).split("\n")
+    cause = err.__cause__
+    if cause is not None and cause.__traceback__ is not None:
+        frames = [f for f in traceback.extract_tb(cause.__traceback__)  # notebook cells only
+                  if "ipykernel_" in f.filename or f.filename.startswith(("<ipython-input", "<cell"))]
+        at = next((i for i, line in enumerate(lines) if line.startswith("  hint:")), len(lines))
+        lines[at:at] = [f"  your code{'' if f.name == '<module>' else f' in {f.name}'}, line {f.lineno} of its "
+                        f"cell: {(f.line or '').strip()}" for f in frames[-3:]]
+    return lines
 
 
 @dataclass
@@ -190,7 +211,35 @@ def to_portable(x: Any) -> Any:
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
-    return f"{type(x).__name__} {x!r}"[:200]
+    return f"{type(x).__name__} {_brief(x)}"
+
+
+def _brief(x: Any, limit: int = 160) -> str:
+    """A short repr of `x`, cut between items (with "…"), never in the middle of a number."""
+    if isinstance(x, torch.Tensor):
+        return f"tensor({x.tolist()})" if x.numel() <= 6 else f"tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list, dict)):
+        items = [f"{_brief(k, limit)}: {_brief(v, limit)}" for k, v in x.items()] if isinstance(x, dict) else \
+            [_brief(v, limit) for v in x]
+        kept, used = [], 0
+        for item in items:
+            if used + len(item) > limit:
+                kept.append("…")
+                break
+            kept.append(item)
+            used += len(item) + 2
+        ends = "{}" if isinstance(x, dict) else "()" if isinstance(x, tuple) else "[]"
+        comma = "," if isinstance(x, tuple) and len(x) == 1 else ""
+        return f"{ends[0]}{', '.join(kept)}{comma}{ends[1]}"
+    return _cut(repr(x), limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its start cut at a space or comma with " …" when longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(sep, 0, limit) for sep in " ,")
+    return text[: cut if cut > limit // 2 else limit] + " …"
 
 
 def _fmt(v: float) -> str:
@@ -201,7 +250,7 @@ def compare(got: Any, expected: Any, case: Case) -> str | None:
     """None when `got` matches `expected` under the case's rule, else a specific message."""
     msg = _compare(got, expected, case)
     if msg and msg.startswith("["):  # a difference inside nested tuples: say where, and show both
-        msg = f"at {msg}; expected {expected!r}, got {got!r}"[:600]
+        msg = f"at {msg}; expected {_brief(expected)}, got {_brief(got)}"
     return msg
 
 
@@ -222,7 +271,7 @@ def _compare(got: Any, expected: Any, case: Case) -> str | None:
         if not isinstance(got, (tuple, list)):
             return f"expected a {type(expected).__name__} of {len(expected)} items, got {_describe(got)}"
         if len(got) != len(expected):
-            return f"expected {len(expected)} items, got {len(got)}: expected {expected!r}, got {got!r}"
+            return f"expected {len(expected)} items, got {len(got)}: expected {_brief(expected)}, got {_brief(got)}"
         for i, (g, e) in enumerate(zip(got, expected)):
             msg = _compare(g, e, case)
             if msg:
@@ -258,9 +307,9 @@ def _compare(got: Any, expected: Any, case: Case) -> str | None:
             return f"expected {_fmt(expected)}, got {_fmt(got)} (rtol={case.rtol:g}, atol={case.atol:g})"
         return None
     if type(got) is not type(expected) and not (isinstance(expected, int) and isinstance(got, int)):
-        return f"expected {expected!r} ({type(expected).__name__}), got {_describe(got)}"
+        return f"expected {_brief(expected)} ({type(expected).__name__}), got {_describe(got)}"
     if got != expected:
-        return f"expected {expected!r}, got {got!r}"
+        return f"expected {_brief(expected)}, got {_brief(got)}"
     return None
 
 
@@ -325,7 +374,7 @@ def evaluate(ex: Exercise, answer: Any, case: Case) -> Any:
 
 
 def _failure(ex: Exercise, case: Case, detail: str) -> CheckFailed:
-    lines = [f"✗ {ex.id}: case '{case.name}' failed", f"  {detail}"]
+    lines = [f"✗ {ex.id}: case '{case.name}' failed", f"  {_cut(detail, 400)}"]
     if ex.hint:
         lines.append(f"  hint: {ex.hint}")
     return CheckFailed("\n".join(lines))
@@ -334,17 +383,20 @@ def _failure(ex: Exercise, case: Case, detail: str) -> CheckFailed:
 _MISSING = object()
 
 
-def check(exercise_id: str, answer: Any = _MISSING) -> None:
-    """Check the learner's answer to `exercise_id` and print a pass line, or raise with the reason.
+def not_attempted(ex: Exercise, why: str) -> ExerciseNotDone:
+    """The two lines a learner sees for an exercise not attempted yet."""
+    return ExerciseNotDone(f"exercise {ex.id}: not attempted yet; write your answer in the cell above\n  ({why})")
 
-    Without `answer`, the exercise's target name is looked up in the calling notebook's namespace.
-    """
+
+def check(exercise_id: str, answer: Any = _MISSING) -> None:
+    """Check the learner's answer to `exercise_id` (by default the target name in the calling notebook's
+    namespace): print a pass line, or raise :class:`ExerciseNotDone` / :class:`CheckFailed` (shown without a
+    traceback, see :func:`render`; exercise notebooks tag the cell ``raises-exception`` so Run All goes on)."""
     ex = get(exercise_id)
     if answer is _MISSING:
         caller = inspect.currentframe().f_back.f_globals  # the notebook's namespace
         if ex.target not in caller:
-            raise ExerciseNotDone(f"{ex.id}: `{ex.target}` is not defined yet: run (or finish) "
-                                  "the exercise cell above, then this one")
+            raise not_attempted(ex, f"`{ex.target}` is not defined yet: write it, run that cell, then this one")
         answer = caller[ex.target]
     if ex.kind == "function" and not callable(answer):
         raise CheckFailed(f"✗ {ex.id}: `{ex.target}` should be a function, got {_describe(answer)}")
@@ -352,8 +404,13 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
     for case in cases:
         try:
             got = evaluate(ex, answer, case)
-        except (NotImplementedError, CheckFailed):
+        except ExerciseNotDone:
             raise
+        except NotImplementedError:
+            raise not_attempted(ex, f"`{ex.target}` still raises NotImplementedError: replace that line "
+                                "with your code") from None
+        except CheckFailed as err:  # a forbidden call: the same layout as a wrong value
+            raise _failure(ex, case, str(err)) from None
         except Exception as err:  # the learner's code raised: say which case, keep the cause
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err
         detail = feedback(ex, got, case)
