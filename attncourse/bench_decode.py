@@ -59,7 +59,10 @@ def prefill_vs_decode(model: GPT, context_len: int, n_new: int = 16, *, repeats:
     decode (`n_new` tokens, one forward each, with the KV cache), best of `repeats`.
 
     Prefill pushes many tokens through each weight matrix per read (matrix-matrix products: compute-bound
-    on real hardware); decode pushes one (matrix-vector products: bound by reading weights and cache).
+    on real hardware); decode pushes one (matrix-vector products: bound by reading weights and cache on a
+    model too large for the processor's caches, see :mod:`attncourse.roofline`). On a tiny model whose
+    weights sit in cache the gap is per-call overhead instead: a forward costs about the same for 1 token
+    as for 16.
     """
     for name, v in (("context_len", context_len), ("n_new", n_new), ("repeats", repeats),
                     ("batch_size", batch_size)):

@@ -110,16 +110,38 @@ class SinkWindowCache(_Cache):
 
     ``n_sink=0`` is the rolling cache of sliding-window attention (Mistral); ``n_sink > 0`` is StreamingLLM.
     ``update`` returns the stored keys followed by the new ones (so a long prefill still sees its own
-    recent tokens), then evicts: at most ``n_sink + window`` keys stay stored, whatever the length.
+    recent tokens), then evicts: at most ``n_sink + window - 1`` keys stay stored, whatever the length.
     Pair it with the mask ``masks.attention_sink(n_sink, window)`` built by :meth:`attn_mask`.
+
+    ``reindex=True`` numbers positions **inside the cache**, as StreamingLLM does: the stored keys are
+    positions 0 .. S-1 and the new tokens follow them, so a model with relative positions (ALiBi) never
+    sees a distance larger than the cache, however long the stream. Eviction still follows the tokens'
+    absolute positions (:attr:`positions`). With ``reindex=False`` (the default) every key keeps its
+    absolute position, and a cached decode equals one masked forward over the original positions.
     """
 
-    def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, window: int, n_sink: int = 0):
+    def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, window: int, n_sink: int = 0, *,
+                 reindex: bool = False):
         super().__init__(batch_size, n_kv_heads, head_dim)
         self.window = _validate.positive_int("window", window)
         if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
             raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
-        self.n_sink = n_sink
+        if not isinstance(reindex, bool):
+            raise TypeError(f"reindex must be a bool, got {type(reindex).__name__}")
+        self.n_sink, self.reindex = n_sink, reindex
+
+    def query_positions(self, t_new: int) -> torch.Tensor:
+        """(T_new,) positions of the next tokens: absolute, or right after the stored keys with `reindex`."""
+        if not self.reindex:
+            return super().query_positions(t_new)
+        _validate.positive_int("t_new", t_new)
+        return torch.arange(len(self), len(self) + t_new)
+
+    def key_positions(self, t_new: int) -> torch.Tensor:
+        """(S,) positions of the keys :meth:`update` will return: absolute, or 0 .. S-1 with `reindex`."""
+        if not self.reindex:
+            return super().key_positions(t_new)
+        return torch.arange(len(self) + _validate.positive_int("t_new", t_new))
 
     @property
     def max_size(self) -> int:
@@ -128,7 +150,7 @@ class SinkWindowCache(_Cache):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return stored + new keys and values (B, Hkv, S, D); keep only sinks and the last window."""
         self._check(k, v)
-        positions = self.key_positions(k.shape[2])  # (S,)
+        positions = torch.cat([self.positions, torch.arange(self.seen, self.seen + k.shape[2])])  # (S,) absolute
         if self.k is not None:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, Hkv, S, D)
         newest = positions[-1]
