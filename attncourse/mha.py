@@ -103,18 +103,20 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                          f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
     g = h // h_kv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q = query.reshape(b, h_kv, g * t, d)  # (B, H, T, D) -> (B, Hkv, G*T, D): a view when contiguous
-    scores = (q @ key.transpose(-2, -1)) * scale  # (B, Hkv, G*T, D) @ (B, Hkv, D, S) -> (B, Hkv, G*T, S)
+    # Half precision: scores, softmax and the weighted sum in float32, rounded once (a no-op, no copy, otherwise).
+    work = compute_dtype(query.dtype)
+    q = query.reshape(b, h_kv, g * t, d).to(work)  # (B, H, T, D) -> (B, Hkv, G*T, D): a view when contiguous
+    scores = (q @ key.to(work).transpose(-2, -1)) * scale  # (B, Hkv, G*T, D) @ (B, Hkv, D, S) -> (B, Hkv, G*T, S)
     scores = scores.view(b, h_kv, g, t, s)  # (B, Hkv, G, T, S)
     if attn_mask is not None:
         m = _grouped_mask(attn_mask, b, h, h_kv, t, s)
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.to(scores.dtype)
     if is_causal:
         scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(), float("-inf"))
-    weights = safe_softmax(scores.to(compute_dtype(scores.dtype))).to(value.dtype)  # (B, Hkv, G, T, S)
-    out = weights.reshape(b, h_kv, g * t, s) @ value  # (B, Hkv, G*T, S) @ (B, Hkv, S, Dv) -> (B, Hkv, G*T, Dv)
-    out = out.view(b, h, t, value.shape[-1])  # (B, H, T, Dv)
-    return (out, weights.reshape(b, h, t, s)) if return_weights else out
+    weights = safe_softmax(scores)  # (B, Hkv, G, T, S)
+    out = weights.reshape(b, h_kv, g * t, s) @ value.to(work)  # (B, Hkv, G*T, S) @ (B, Hkv, S, Dv) -> (B, Hkv, G*T, Dv)
+    out = out.view(b, h, t, value.shape[-1]).to(value.dtype)  # (B, H, T, Dv)
+    return (out, weights.reshape(b, h, t, s).to(value.dtype)) if return_weights else out
 
 
 def causal_mask_bottom_right(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:

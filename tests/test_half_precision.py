@@ -82,8 +82,7 @@ FUNCTIONS = {
                                                is_causal=True), True, []),
     "grouped_attention (gqa)": (
         lambda q, k, v: grouped_attention(q, k[:, :2], v[:, :2], is_causal=True), True,
-        [xfail("gqa.grouped_attention computes q k^T in half (softmax in float32) and rounds the weights to half "
-               "before the value matmul: 3-7x the rounding error (owner ch0506)")]),
+        []),
     "flash_attention": (lambda q, k, v: flash_attention(q, k, v, is_causal=True, block_q=16, block_k=16), True, []),
     "online_attention": (lambda q, k, v: online_attention(q, k, v, is_causal=True, chunk_size=16)[0], True, []),
     "gathered_attention (sparse)": (
