@@ -16,6 +16,7 @@ import torch
 
 QUERY = "query position i"
 KEY = "key position j"
+PALETTE = sns.color_palette("colorblind")  # colour-blind-safe colours for lines and bars (seaborn's "colorblind")
 
 
 def _to_numpy(x) -> np.ndarray:
