@@ -13,6 +13,7 @@ With dropout off and the same weights, :class:`TransformerBlock` equals ``nn.Tra
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -270,11 +271,13 @@ def to_torch_transformer(model: EncoderDecoder) -> nn.Transformer:
     if not isinstance(model, EncoderDecoder):
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
     first = model.decoder[0]
-    ref = nn.Transformer(
-        first.self_attn.d_model, first.self_attn.n_heads, len(model.encoder), len(model.decoder),
-        first.ff.linear1.out_features, dropout=0.0, activation=first.ff.activation, batch_first=True,
-        norm_first=first.norm_first,
-    ).to(dtype=model.head.weight.dtype, device=model.head.weight.device)
+    with warnings.catch_warnings():  # PyTorch warns that pre-norm encoders cannot use its nested-tensor fast path
+        warnings.simplefilter("ignore", UserWarning)
+        ref = nn.Transformer(
+            first.self_attn.d_model, first.self_attn.n_heads, len(model.encoder), len(model.decoder),
+            first.ff.linear1.out_features, dropout=0.0, activation=first.ff.activation, batch_first=True,
+            norm_first=first.norm_first,
+        ).to(dtype=model.head.weight.dtype, device=model.head.weight.device)
     with torch.no_grad():
         for mine, theirs in zip(model.encoder, ref.encoder.layers):
             theirs.load_state_dict(to_torch_encoder_layer(mine).state_dict())
