@@ -278,6 +278,7 @@ def to_torch_transformer(model: EncoderDecoder) -> nn.Transformer:
             first.ff.linear1.out_features, dropout=0.0, activation=first.ff.activation, batch_first=True,
             norm_first=first.norm_first,
         ).to(dtype=model.head.weight.dtype, device=model.head.weight.device)
+    ref.encoder.enable_nested_tensor = ref.encoder.use_nested_tensor = False  # padded positions stay computed, as ours
     with torch.no_grad():
         for mine, theirs in zip(model.encoder, ref.encoder.layers):
             theirs.load_state_dict(to_torch_encoder_layer(mine).state_dict())
