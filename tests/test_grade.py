@@ -115,7 +115,8 @@ def test_unreadable_and_empty_notebooks(tmp_path):
 def test_deleted_and_reordered_cells_are_graded(tmp_path):
     def edit(nb):
         nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") is not True]  # no check cells
-        nb.cells.reverse()  # answers now run before the imports they need
+        del nb.cells[next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")]  # no imports: torch, np missing
+        nb.cells.reverse()  # and the rest in reverse order
 
     result = grade.grade_notebook(submission(tmp_path, "03_shuffled.ipynb", edit))
     assert result.max_score == MAX and 0 <= result.score < MAX
