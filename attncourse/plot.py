@@ -16,6 +16,7 @@ import torch
 
 QUERY = "query position i"
 KEY = "key position j"
+PALETTE = sns.color_palette("colorblind")  # colour-blind-safe colours for lines and bars (seaborn's "colorblind")
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -230,6 +231,34 @@ def encoder_decoder_diagram(weights: Sequence[float] = (0.05, 0.1, 0.15, 0.7), s
                  "(orange), context $c_t$ (green), attention weights (red)")
     fig.tight_layout()
     return fig
+
+
+def diagram(boxes: Mapping[str, tuple[float, float, float, float]], arrows: Sequence[tuple[str, str]], *,
+            title: str, ax: plt.Axes | None = None, colors: Mapping[str, int] | None = None,
+            size: tuple[float, float] = (6, 4)) -> plt.Axes:
+    """A box-and-arrow diagram: `boxes` maps a label to its (x, y, width, height) in data units, `arrows` joins
+    labels (from the first box's top to the second's bottom, or side to side when they share a row); `colors`
+    maps a label to an index into :data:`PALETTE`. The axes are hidden: position carries no quantity."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=size)
+    colors = colors or {}
+    for label, (x, y, w, h) in boxes.items():
+        face = PALETTE[colors[label]] if label in colors else (0.93, 0.93, 0.93)
+        ax.add_patch(plt.Rectangle((x, y), w, h, facecolor=face, edgecolor="black", alpha=0.85))
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=8, wrap=True)
+    for start, end in arrows:
+        (x0, y0, w0, h0), (x1, y1, w1, h1) = boxes[start], boxes[end]
+        if abs(y0 - y1) < 1e-9:  # same row: side to side
+            a, b = (x0 + w0, y0 + h0 / 2), (x1, y1 + h1 / 2)
+        else:
+            a = (x0 + w0 / 2, y0 + h0 if y1 > y0 else y0)
+            b = (x1 + w1 / 2, y1 if y1 > y0 else y1 + h1)
+        ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="->", lw=1.2))
+    xs = [v for x, _, w, _ in boxes.values() for v in (x, x + w)]
+    ys = [v for _, y, _, h in boxes.values() for v in (y, y + h)]
+    ax.set(xlim=(min(xs) - 0.2, max(xs) + 0.2), ylim=(min(ys) - 0.2, max(ys) + 0.2), title=title)
+    ax.set_axis_off()
+    return ax
 
 
 if __name__ == "__main__":  # pragma: no cover - a demo that draws

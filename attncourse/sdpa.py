@@ -57,6 +57,21 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> t
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
 
 
+def key_padding_mask(lengths: torch.Tensor, k_len: int) -> torch.Tensor:
+    """Boolean (B, 1, 1, Tk) keep-mask from each sequence's number of real keys: True at key positions < length.
+
+    It broadcasts over heads and queries. ``nn.MultiheadAttention``'s ``key_padding_mask`` has the opposite
+    polarity (True at padding) and shape (B, Tk): pass ``~mask[:, 0, 0]`` there.
+    """
+    _validate.tensor("lengths", lengths, min_rank=1)
+    _validate.positive_int("k_len", k_len)
+    if lengths.dim() != 1 or lengths.is_floating_point() or bool((lengths < 0).any() or (lengths > k_len).any()):
+        raise ValueError(f"lengths must be a 1-D integer tensor with values in [0, k_len={k_len}], "
+                         f"got shape {tuple(lengths.shape)} and values {lengths.tolist()[:8]}")
+    keep = torch.arange(k_len, device=lengths.device) < lengths[:, None]  # (B, Tk)
+    return keep[:, None, None, :]
+
+
 def apply_mask(scores: torch.Tensor, attn_mask: torch.Tensor | None = None, *, is_causal: bool = False
                ) -> torch.Tensor:
     """Scores (..., Tq, Tk) with the course's mask convention applied: a boolean `attn_mask` puts -inf where

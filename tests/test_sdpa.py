@@ -170,3 +170,28 @@ def test_bad_masks():
         scaled_dot_product_attention(q, k, v, torch.ones(5, 7, dtype=torch.long))
     with pytest.raises(TypeError, match="attn_mask must be a torch.Tensor"):
         scaled_dot_product_attention(q, k, v, [[True]])
+
+
+def test_key_padding_mask_against_pytorch_and_multihead_attention():
+    from attncourse.sdpa import key_padding_mask
+
+    lengths = torch.tensor([5, 2, 0])
+    keep = key_padding_mask(lengths, 5)
+    assert keep.shape == (3, 1, 1, 5) and keep.dtype == torch.bool
+    assert keep[:, 0, 0].sum(-1).tolist() == [5, 2, 0]
+    q, k, v = make((3, 2), 4, 5, 8, 8)
+    ours = scaled_dot_product_attention(q, k, v, keep)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, keep))
+    assert (ours[2] == 0).all()  # no key at all: zeros, as PyTorch's kernel since 2.5
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 1, batch_first=True, bias=False).double()
+    x, ctx = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(3, 5, 8, dtype=torch.float64)
+    theirs, _ = mha(x, ctx, ctx, key_padding_mask=~keep[:, 0, 0])  # PyTorch's polarity: True = padding
+    w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
+    heads = scaled_dot_product_attention(x @ w_q.T, ctx @ w_k.T, ctx @ w_v.T, keep[:, 0])  # (B, T, D), one head
+    torch.testing.assert_close(heads[:2] @ mha.out_proj.weight.T, theirs[:2])
+    assert torch.isnan(theirs[2]).all()  # nn.MultiheadAttention: NaN where a query may see no key
+    with pytest.raises(ValueError, match="lengths"):
+        key_padding_mask(torch.tensor([6]), 5)
+    with pytest.raises(ValueError, match="lengths"):
+        key_padding_mask(torch.tensor([1.0]), 5)

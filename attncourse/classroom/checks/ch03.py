@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
@@ -11,6 +14,7 @@ from . import Case, exercise
 # the course's oracle (under either name).
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
            "attncourse.sdpa.scaled_dot_product_attention")
+_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "attncourse.safe_softmax", "attncourse.sdpa.safe_softmax")
 
 
 def _qkv(gen: torch.Generator, q_shape, k_len: int, dv: int | None = None, dtype=torch.float64):
@@ -22,9 +26,27 @@ def _qkv(gen: torch.Generator, q_shape, k_len: int, dv: int | None = None, dtype
     return q, k, v
 
 
-@exercise("03-sdpa-numpy", "attention_numpy", points=2, numpy=True,
-          hint="scores = Q @ K.T / sqrt(d_k); subtract each row's max before exp; normalise over "
-               "the last axis (the keys); return (output, weights)")
+# ----------------------------------------------------------------------------- 1. NumPy alone
+
+
+def _numpy_through_torch(Q, K, V):
+    """A right answer that hands the work to the course's oracle: must be refused."""
+    out, w = scaled_dot_product_attention(*(torch.from_numpy(x) for x in (Q, K, V)), return_weights=True)
+    return out.numpy(), w.numpy()
+
+
+def _numpy_through_fused(Q, K, V):
+    """A right answer built on PyTorch's softmax: must be refused."""
+    q, k, v = (torch.from_numpy(x) for x in (Q, K, V))
+    w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
+    return (w @ v).numpy(), w.numpy()
+
+
+@exercise("03-sdpa-numpy", "attention_numpy", points=2, numpy=True, category="implement",
+          forbid=_FORBID + _SOFTMAX, shortcuts=(_numpy_through_torch, _numpy_through_fused),
+          hint="compare every query with every key, scale so that the scores' spread does not grow with the "
+               "width, and turn each query's row into a distribution over the keys; shift each row by its own "
+               "largest score before exponentiating, so that nothing overflows")
 def _sdpa_numpy():
     """Scaled dot-product attention in NumPy alone, on 2-D (T, d) inputs."""
     gen = torch.Generator().manual_seed(3)
@@ -43,36 +65,60 @@ def _sdpa_numpy():
     return cases
 
 
-@exercise("03-softmax-axis-bug", "attention_fixed", points=2,
-          forbid=_FORBID,
-          hint="each query's weights must sum to 1 over the keys: which axis of (..., Tq, Tk) is that?")
-def _softmax_axis():
-    """Find and fix the bug in an attention that normalises over the wrong axis."""
+# ----------------------------------------------------------------------------- 2. find the bug
+
+
+@exercise("03-batched-attention-bug", "attention_fixed", points=2, category="bug", forbid=_FORBID,
+          bug_words=("mT", "reverses all", "reverses every", "reverse all", "all four dims"),
+          hint="print the shape of every intermediate for a (batch, heads, T, D) input and for a (T, D) one: "
+               "which operand stops being (..., D, Tk) when leading axes are present?")
+def _batched_bug():
+    """Find and fix the bug in an attention that passed its tests on 2-D inputs."""
     gen = torch.Generator().manual_seed(4)
     cases = []
     for name, (shape, tk) in {
         "square (1, 2, 4, 8)": ((1, 2, 4, 8), 4),
         "Tq != Tk (2, 3, 5, 16) over 9 keys": ((2, 3, 5, 16), 9),
+        "every axis the same size (4, 4, 4, 4)": ((4, 4, 4, 4), 4),
         "a single query (1, 1, 1, 4) over 6 keys": ((1, 1, 1, 4), 6),
+        "2-D (6, 8) over 5 keys": ((6, 8), 5),
     }.items():
         q, k, v = _qkv(gen, shape, tk)
         cases.append(Case(name, (q, k, v), expected=scaled_dot_product_attention(q, k, v)))
     return cases
 
 
-@exercise("03-predict-shapes", "predicted_shapes", kind="value", points=1,
-          hint="scores pair every query with every key; the output has one row per query and the "
-               "value's width")
+# ----------------------------------------------------------------------------- 3. predict
+
+
+@exercise("03-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict",
+          parts=("scores", "weights", "output"),
+          hint="scores pair every query with every key; the output has one row per query and the value's width")
 def _predict_shapes():
     """Predict the shapes of scores, weights and output for q (2, 4, 5, 16), k (2, 4, 7, 16), v (2, 4, 7, 32)."""
-    return [Case("shapes of (scores, weights, output)", expected=((2, 4, 5, 7), (2, 4, 5, 7), (2, 4, 5, 32)),
-                 compare="equal")]
+    q, k, v = torch.zeros(2, 4, 5, 16), torch.zeros(2, 4, 7, 16), torch.zeros(2, 4, 7, 32)
+    out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
+    scores = q @ k.transpose(-2, -1)
+    return [Case("shapes of (scores, weights, output)",
+                 expected=(tuple(scores.shape), tuple(w.shape), tuple(out.shape)), compare="equal")]
 
 
-@exercise("03-masked-attention", "masked_attention", points=3,
-          forbid=_FORBID + ("attncourse.safe_softmax", "attncourse.sdpa.safe_softmax"),
-          hint="fill blocked scores with -inf, subtract the row max where it is finite, and divide by "
-               "the row sum only where it is positive, so an all-blocked row gives zeros, not NaN")
+# ----------------------------------------------------------------------------- 4. masked attention, no NaN
+
+
+def _masked_by_oracle(q, k, v, keep):
+    return scaled_dot_product_attention(q, k, v, keep)
+
+
+def _masked_by_fused(q, k, v, keep):
+    return F.scaled_dot_product_attention(q, k, v, keep)  # zeros on fully masked rows since PyTorch 2.5
+
+
+@exercise("03-masked-attention", "masked_attention", points=3, category="implement",
+          forbid=_FORBID + _SOFTMAX, shortcuts=(_masked_by_oracle, _masked_by_fused),
+          hint="give blocked scores a weight of exactly zero; a row whose every score is blocked has no finite "
+               "maximum to subtract and a total of zero to divide by: decide what to use there so that the row "
+               "comes out as zeros; compute the softmax in float32 when the inputs are half precision")
 def _masked():
     """Attention under a boolean keep-mask that returns zeros for fully masked query rows."""
     gen = torch.Generator().manual_seed(5)
@@ -96,22 +142,42 @@ def _masked():
     return cases
 
 
-def _variances_ok(got) -> str | None:
-    dims = (16, 64, 256)
-    if not isinstance(got, (list, tuple)) or len(got) != len(dims):
-        return f"expected a list of {len(dims)} variances (one per d_k in {dims}), got {got!r}"
-    for d, var in zip(dims, got):
-        if not isinstance(var, (int, float)):
-            return f"variance for d_k={d} should be a float, got {type(var).__name__}"
-        if not 0.85 * d <= var <= 1.15 * d:
-            return (f"for d_k={d} the variance of q.k should be close to {d} (within 15%), got {var:.4g}; "
-                    "did you use standard-normal entries and enough samples?")
-    return None
+# ----------------------------------------------------------------------------- 5. experiment: Var(q . k)
 
 
-@exercise("03-variance-experiment", "variances", kind="value", points=1,
-          hint="draw q and k with torch.randn(n, d_k), take (q * k).sum(-1) and its .var() for "
-               "each d_k in (16, 64, 256)")
+def measure_dot_variance(d_k: int, std: float, n: int, seed: int) -> float:
+    """The reference measurement: Var(q . k) over n pairs with N(0, std^2) entries, drawn from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+    k = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+    return float((q * k).sum(-1).var())
+
+
+def _within_sampling_error(args):
+    d_k, std, n, _ = args
+    theory = d_k * std**4
+    rel_se = math.sqrt((2 + 6 / d_k) / n)  # relative standard error of a sample variance of q.k
+
+    def rule(got, expected) -> str | None:
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+            return f"expected a finite float (the measured variance), got {got!r}"[:200]
+        # the reference measured `expected` from its own draws; yours comes from your draws: both are estimates
+        if abs(got - theory) > 6 * rel_se * theory or abs(got - expected) > 8 * rel_se * theory:
+            return (f"d_k={d_k}, std={std}, n={n}: your measured variance {got:.4g} is further from the reference "
+                    f"measurement than sampling noise allows (about {100 * rel_se:.1f}% per estimate): check what "
+                    "you draw and what you take the variance of")
+        return None
+
+    return rule
+
+
+@exercise("03-variance-experiment", "dot_product_variance", points=1, category="experiment",
+          hint="draw n queries and n keys with the given standard deviation from a generator seeded with seed, "
+               "take each pair's dot product, and return the variance of those n numbers as a float")
 def _variance():
-    """Measure Var(q . k) for d_k in (16, 64, 256) with standard-normal entries."""
-    return [Case("Var(q . k) is about d_k", compare=_variances_ok)]
+    """Measure Var(q . k) for entries of standard deviation std, and see how it depends on d_k and std."""
+    cases = []
+    for args in ((16, 1.0, 20_000, 0), (64, 1.0, 20_000, 1), (256, 0.5, 20_000, 2), (8, 2.0, 20_000, 3)):
+        cases.append(Case(f"d_k={args[0]}, std={args[1]}, n={args[2]}, seed={args[3]}", args,
+                          expected=measure_dot_variance(*args), compare=_within_sampling_error(args)))
+    return cases

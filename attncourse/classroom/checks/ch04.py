@@ -3,101 +3,155 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from attncourse.mha import MultiHeadAttention, merge_heads
+from attncourse.mha import MultiHeadAttention
+from attncourse.transformer import TransformerBlock
 from . import Case, exercise
 
-_FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward")
+_FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
+           "torch.nn.MultiheadAttention", "attncourse.scaled_dot_product_attention",
+           "attncourse.sdpa.scaled_dot_product_attention")
 
 
-def _weights(gen: torch.Generator, d: int, h: int, h_kv: int | None = None) -> tuple[torch.Tensor, ...]:
-    kv = d if h_kv is None else h_kv * (d // h)
-    return tuple(torch.randn(out, d, generator=gen, dtype=torch.float64) / d ** 0.5 for out in (d, kv, kv, d))
+def _weights(gen: torch.Generator, d: int) -> tuple[torch.Tensor, ...]:
+    """Four (d, d) matrices in nn.Linear's (out, in) layout."""
+    return tuple(torch.randn(d, d, generator=gen, dtype=torch.float64) / d ** 0.5 for _ in range(4))
 
 
-def reference_mha(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads=None, **kw):
-    """Run the package's MultiHeadAttention with the given (out, in) projection matrices, no bias."""
-    m = MultiHeadAttention(x.shape[-1], n_heads, n_kv_heads).to(x.dtype)
+def reference_mha(x, context, w_q, w_k, w_v, w_o, n_heads, **kw):
+    """The package's MultiHeadAttention holding the given (out, in) projection matrices, no bias."""
+    m = MultiHeadAttention(x.shape[-1], n_heads).to(x.dtype)
     with torch.no_grad():
         for proj, w in zip((m.q_proj, m.k_proj, m.v_proj, m.o_proj), (w_q, w_k, w_v, w_o)):
             proj.weight.copy_(w)
-        return m(x, **kw)
+        return m(x, context, **kw)
 
 
-@exercise("04-mha-forward", "mha_forward", points=3, forbid=_FORBID,
-          hint="project with x @ w.T, split the last dim into (n_heads, head_dim) and move heads before time, "
-               "attend per head, move time back before heads, merge, then apply w_o")
-def _mha_forward():
-    """Multi-head self-attention from four projection matrices: split, attend, merge, project."""
+# ----------------------------------------------------------------------------- 1. per-head weights
+
+
+def per_head_to_linear(w_q, w_k, w_v, w_o):
+    """Per-head (H, d, D) input matrices and (H, D, d) output matrices -> four (out, in) nn.Linear weights."""
+    h, d, dh = w_q.shape
+    w_in = [w.transpose(1, 2).reshape(h * dh, d) for w in (w_q, w_k, w_v)]  # row h*D + i is head h's column i
+    return (*w_in, w_o.reshape(h * dh, d).T)  # concat(heads) @ W_o: W_o's rows h*D .. h*D+D-1 are head h's
+
+
+def _per_head_by_module(x, context, w_q, w_k, w_v, w_o):
+    return reference_mha(x, context, *per_head_to_linear(w_q, w_k, w_v, w_o), w_q.shape[0])
+
+
+def _per_head_by_fused(x, context, w_q, w_k, w_v, w_o):
+    q = torch.einsum("btd,hde->bhte", x, w_q)  # (B, H, T, D)
+    k, v = (torch.einsum("bsd,hde->bhse", context, w) for w in (w_k, w_v))  # (B, H, S, D)
+    heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, D)
+    return torch.einsum("bhte,hed->btd", heads, w_o)
+
+
+@exercise("04-mha-per-head", "mha_per_head", points=3, category="implement", forbid=_FORBID,
+          shortcuts=(_per_head_by_module, _per_head_by_fused),
+          hint="each head has its own small matrices, so a head's queries come from the input and that head's "
+               "matrix alone; concatenating the heads and applying one output matrix is the same as giving each "
+               "head its own slice of that matrix and adding the results: no reshape is needed")
+def _mha_per_head():
+    """Multi-head attention from per-head projection matrices (the paper's W_i^Q, W_i^K, W_i^V and W^O's slices)."""
     gen = torch.Generator().manual_seed(40)
     cases = []
-    for name, (b, t, d, h) in {"(2, 5, 16) with 4 heads": (2, 5, 16, 4), "(1, 7, 12) with 3 heads": (1, 7, 12, 3),
-                               "one token, 8 heads of width 1": (3, 1, 8, 8), "one head": (2, 6, 8, 1)}.items():
+    for name, (b, t, s, d, h) in {"self-attention (2, 5, 16), 4 heads": (2, 5, 5, 16, 4),
+                                  "cross-attention: 7 queries over 3 keys, 3 heads": (1, 7, 3, 12, 3),
+                                  "8 heads of width 1": (3, 2, 4, 8, 8), "one head": (2, 6, 6, 8, 1)}.items():
         x = torch.randn(b, t, d, generator=gen, dtype=torch.float64)
-        w = _weights(gen, d, h)
-        cases.append(Case(name, (x, *w, h), expected=reference_mha(x, *w, h), rtol=1e-7, atol=1e-9))
+        context = x if s == t else torch.randn(b, s, d, generator=gen, dtype=torch.float64)
+        dh = d // h
+        w_q, w_k, w_v = (torch.randn(h, d, dh, generator=gen, dtype=torch.float64) / d ** 0.5 for _ in range(3))
+        w_o = torch.randn(h, dh, d, generator=gen, dtype=torch.float64) / d ** 0.5
+        args = (x, context, w_q, w_k, w_v, w_o)
+        cases.append(Case(name, args, expected=_per_head_by_module(*args), rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("04-merge-heads-bug", "merge_heads_fixed", points=2,
-          hint="a (B, H, T, D) tensor must become (B, T, H, D) before its last two dims are flattened")
-def _merge_bug():
-    """Find and fix the bug in a head-merging function that reshapes without transposing."""
+# ----------------------------------------------------------------------------- 2. find the bug
+
+
+@exercise("04-head-scale-bug", "mha_fixed", points=2, category="bug", forbid=_FORBID,
+          bug_words=("sqrt(d_model)", "model width", "whole width", "full width"),
+          hint="the bug is invisible with one head: what differs between one head and several, and which "
+               "number in the scores should follow it?")
+def _scale_bug():
+    """Find and fix the bug in a multi-head attention that agrees with PyTorch only when it has one head."""
     gen = torch.Generator().manual_seed(41)
     cases = []
-    for shape in ((2, 4, 5, 3), (1, 3, 7, 2), (2, 1, 4, 6), (1, 8, 1, 4)):
-        x = torch.randn(*shape, generator=gen)
-        cases.append(Case(f"input {shape}", (x,), expected=merge_heads(x), compare="equal"))
+    for name, (b, t, d, h) in {"(2, 5, 16) with 4 heads": (2, 5, 16, 4), "(1, 7, 12) with 3 heads": (1, 7, 12, 3),
+                               "one head": (2, 6, 8, 1), "8 heads of width 2": (1, 9, 16, 8)}.items():
+        x = torch.randn(b, t, d, generator=gen, dtype=torch.float64) * 2
+        w = _weights(gen, d)
+        cases.append(Case(name, (x, *w, h), expected=reference_mha(x, None, *w, h), rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("04-attention-weights", "self_attention_weights", points=2, forbid=_FORBID,
-          hint="scores = q @ k.transpose(-2, -1) / sqrt(head_dim) per head, then softmax over the last axis")
-def _attention_weights():
-    """Per-head self-attention weights (B, H, T, T) from x and the query/key projections."""
-    gen = torch.Generator().manual_seed(42)
-    cases = []
-    for name, (b, t, d, h) in {"the sentence's shape (1, 6, 16), 2 heads": (1, 6, 16, 2),
-                               "(2, 9, 12), 4 heads": (2, 9, 12, 4), "(1, 3, 8), 1 head": (1, 3, 8, 1)}.items():
-        x = torch.randn(b, t, d, generator=gen, dtype=torch.float64)
-        w_q, w_k, w_v, w_o = _weights(gen, d, h)
-        m = MultiHeadAttention(d, h).double()
-        with torch.no_grad():
-            m.q_proj.weight.copy_(w_q)
-            m.k_proj.weight.copy_(w_k)
-            expected = m(x, return_weights=True)[1]
-        cases.append(Case(name, (x, w_q, w_k, h), expected=expected, rtol=1e-7, atol=1e-9))
-    return cases
+# ----------------------------------------------------------------------------- 3. predict
 
 
-@exercise("04-predict-permutation", "predicted_permutation", kind="value", points=1,
-          hint="self-attention without positions treats the input as a set: permute the inputs and the outputs "
-               "are permuted the same way; a causal mask ties each output to a position")
+def _rows_that_survive(perm: list[int]) -> tuple[bool, ...]:
+    """Which rows of mha(x[:, perm], is_causal=True) equal rows of mha(x, is_causal=True)[:, perm], measured."""
+    gen = torch.Generator().manual_seed(43)
+    m = MultiHeadAttention(8, 2).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        x = torch.randn(1, len(perm), 8, generator=gen, dtype=torch.float64)
+        y, out = m(x[:, perm], is_causal=True), m(x, is_causal=True)[:, perm]
+    return tuple(bool(torch.allclose(y[0, i], out[0, i])) for i in range(len(perm)))
+
+
+@exercise("04-predict-causal-permutation", "predicted_rows", kind="value", points=1, category="predict",
+          parts=("row 0", "row 1", "row 2", "row 3", "row 4"),
+          hint="with a causal mask, row i of the output is attention over the tokens at positions 0 to i, and "
+               "attention without positions treats those tokens as a set: compare the two sets for each row")
 def _predict_permutation():
-    """Predict which output row each permuted token gets, and whether that survives a causal mask."""
-    return [Case("(rows of out that y[:, i] equals, still true with is_causal=True?)",
-                 expected=((3, 0, 4, 1, 2), False), compare="equal")]
+    """Predict which rows survive permuting the tokens of a causal self-attention without positions."""
+    return [Case("perm = [1, 0, 2, 4, 3], is_causal=True: does y[:, i] equal out[:, perm][:, i]?",
+                 expected=_rows_that_survive([1, 0, 2, 4, 3]), compare="equal")]
 
 
-def _classifier_ok(got) -> str | None:
-    keys = {"transformer_acc", "lstm_acc", "transformer_params", "lstm_params"}
-    if not isinstance(got, dict) or set(got) != keys:
-        return f"expected a dict with keys {sorted(keys)}, got {got!r}"[:300]
-    for k in ("transformer_acc", "lstm_acc"):
-        if not isinstance(got[k], float) or not 0.75 <= got[k] <= 1.0:
-            return f"{k} should be a test accuracy (float) of at least 0.75 on this task (chance is 0.5), got {got[k]!r}"
-    for k in ("transformer_params", "lstm_params"):
-        if isinstance(got[k], bool) or not isinstance(got[k], int) or got[k] < 1000:
-            return f"{k} should be the model's parameter count (an int), got {got[k]!r}"
-    ratio = got["lstm_params"] / got["transformer_params"]
-    if not 0.5 <= ratio <= 2.0:
-        return f"the LSTM should have a similar size (0.5x to 2x the Transformer's parameters), got ratio {ratio:.2f}"
+# ----------------------------------------------------------------------------- 4. experiment: where parameters sit
+
+
+def reference_shares(d_model: int, n_heads: int, d_ff: int, vocab_size: int, n_layers: int) -> dict[str, float]:
+    """The reference: shares of an embedding + n_layers TransformerBlocks' parameters, by kind of module."""
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        embedding = nn.Embedding(vocab_size, d_model)
+        blocks = [TransformerBlock(d_model, n_heads, d_ff) for _ in range(n_layers)]
+    counts = {"embedding": embedding.weight.numel(), "attention": 0, "feed_forward": 0, "layer_norm": 0}
+    for block in blocks:
+        counts["attention"] += sum(p.numel() for p in block.attn.parameters())
+        counts["feed_forward"] += sum(p.numel() for p in block.ff.parameters())
+        counts["layer_norm"] += sum(p.numel() for n in (block.norm1, block.norm2) for p in n.parameters())
+    total = sum(counts.values())
+    return {k: v / total for k, v in counts.items()}
+
+
+def _shares_rule(got, expected) -> str | None:
+    if not isinstance(got, dict) or set(map(str, got)) != set(expected):
+        return f"expected a dict with keys {sorted(expected)}, got {str(got)[:200]}"
+    for key, value in expected.items():
+        mine = got[key]
+        if isinstance(mine, bool) or not isinstance(mine, (int, float)):
+            return f"{key!r} should be a float (a share of all parameters), got {mine!r}"
+        if abs(mine - value) > 1e-6:
+            return f"{key!r}: expected a share of {value:.6f}, got {mine:.6f}: count every parameter, biases too"
     return None
 
 
-@exercise("04-encoder-vs-lstm", "classifier_results", kind="value", points=2,
-          hint="train both on the same data for the same number of epochs; count parameters with "
-               "sum(p.numel() for p in model.parameters())")
-def _encoder_vs_lstm():
-    """Transformer encoder classifier vs an LSTM of similar size on 'is the mean above 50?'."""
-    return [Case("test accuracies and parameter counts", compare=_classifier_ok)]
+@exercise("04-parameter-shares", "parameter_shares", points=2, category="experiment",
+          hint="build the modules (the course's TransformerBlock and an embedding table) at each size and count "
+               "the elements of the parameters of each kind of submodule; divide by the total")
+def _parameter_shares():
+    """Measure which parts of a Transformer hold its parameters, from a small model to a GPT-2-sized block."""
+    cases = []
+    for args in ((64, 4, 256, 1000, 2), (256, 8, 1024, 32_000, 4), (768, 12, 3072, 50_257, 1), (32, 2, 32, 10, 3)):
+        cases.append(Case("d_model={}, heads={}, d_ff={}, vocab={}, layers={}".format(*args), args,
+                          expected=reference_shares(*args), compare=_shares_rule))
+    return cases
