@@ -8,9 +8,23 @@ from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_
 from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_cache_bytes
 from . import Case, exercise
-from .ch04 import _weights, reference_mha
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
+
+
+def _weights(gen: torch.Generator, d: int, h: int, h_kv: int) -> tuple[torch.Tensor, ...]:
+    """(out, in) projection matrices for d_model `d`, `h` query heads and `h_kv` KV heads (K/V of width h_kv d/h)."""
+    kv = h_kv * (d // h)
+    return tuple(torch.randn(out, d, generator=gen, dtype=torch.float64) / d ** 0.5 for out in (d, kv, kv, d))
+
+
+def reference_mha(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, **kw):
+    """The package's MultiHeadAttention (grouped when n_kv_heads < n_heads) with the given weights, no bias."""
+    m = MultiHeadAttention(x.shape[-1], n_heads, n_kv_heads).to(x.dtype)
+    with torch.no_grad():
+        for proj, w in zip((m.q_proj, m.k_proj, m.v_proj, m.o_proj), (w_q, w_k, w_v, w_o)):
+            proj.weight.copy_(w)
+        return m(x, **kw)
 
 
 def _decode_mask(t: int, s: int) -> torch.Tensor:
