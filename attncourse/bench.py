@@ -318,7 +318,17 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints tim
         p.add_argument("--heads", type=int, default=8)
         p.add_argument("--dim", type=int, default=64)
         p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    fl.add_argument("--omp-wait-policy", choices=["passive", "active", "inherit"], default="passive",
+                    help="OpenMP's wait policy for this run (default passive: on a machine shared with other busy "
+                         "processes, threads that spin while waiting steal the core the working thread needs, which "
+                         "slows code made of many small parallel ops far more than one fused kernel)")
     args = parser.parse_args(argv)
+    if args.command == "flash" and args.omp_wait_policy != "inherit":
+        wanted = args.omp_wait_policy.upper()
+        if os.environ.get("OMP_WAIT_POLICY") != wanted:  # OpenMP reads it once, at start-up: run again with it set
+            os.environ["OMP_WAIT_POLICY"] = wanted
+            os.execv(sys.executable, [sys.executable, "-m", "attncourse.bench", *(sys.argv[1:] if argv is None
+                                                                                  else argv)])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == "_memory":
@@ -328,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints tim
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"flash benchmark: B={args.batch}, H={args.heads}, D={args.dim}, float32, causal; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads on {os.cpu_count()} CPUs; load average "
-          f"{load}; our default blocks (block_q, block_k): forward {default_block_sizes('cpu')}, "
+          f"{load}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
+          f"our default blocks (block_q, block_k): forward {default_block_sizes('cpu')}, "
           f"backward {default_block_sizes('cpu', backward=True)}")
     print(f"ours/torch: median of {args.pairs} paired, alternating runs in this process (min-max of the pairs); "
           "times: medians; tensor MiB: exact peak of live tensors created by the call (inputs excluded, gradients "

@@ -29,7 +29,7 @@ def _shortcut_tile_backward(q, k, v, out, lse, d_out, scale):
 def _shortcut_autograd(q, k, v, out, lse, d_out, scale):
     """Autograd through the block's contribution out_blk = exp(S - lse) V with D folded in: must be refused."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])  # (..., Bq, Bk)
+    p = (q @ k.transpose(-2, -1) * scale - lse[..., None]).exp()  # (..., Bq, Bk)
     delta = (d_out * out).sum(-1, keepdim=True)  # (..., Bq, 1)
     # d/dS of <dO, P V> - <D, rowsum P> gives P * (dP - D): the gradient of the real loss restricted to the block
     loss = (d_out * (p @ v)).sum() - (delta * p.sum(-1, keepdim=True)).sum()
@@ -134,9 +134,9 @@ def bf16_errors(seed: int, seq_len: int) -> tuple[float, float]:
     """Reference: (largest error of flash_attention, of plain attention) on bfloat16 inputs, causal, against float64
     attention on the same (rounded) inputs; q, k, v = randn(1, 2, T, 32) * 2 drawn in float64 with ``seed``."""
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = ((torch.randn(1, 2, seq_len, 32, generator=gen, dtype=torch.float64) * 2).to(torch.bfloat16)
-               for _ in range(3))
-    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    draws = [torch.randn(1, 2, seq_len, 32, generator=gen, dtype=torch.float64) for _ in range(3)]
+    q, k, v = ((2 * x).to(torch.bfloat16) for x in draws)
+    exact = scaled_dot_product_attention(*(x.double() for x in (q, k, v)), is_causal=True)
     tiled = flash_attention(q, k, v, is_causal=True).double()
     plain = scaled_dot_product_attention(q, k, v, is_causal=True).double()
     return float((tiled - exact).abs().max()), float((plain - exact).abs().max())
