@@ -3,13 +3,21 @@
     python -m attncourse.bench flash                      # T = 1024..8192, B=1, H=8, D=64, float32, causal
     python -m attncourse.bench flash --lengths 512 1024 --mode fwd --threads 1
 
-For each T it times our tiled `flash_attention` ("ours"), the course's plain attention that builds the
-T x T weights ("naive", :func:`attncourse.scaled_dot_product_attention`) and PyTorch's fused kernel
-("torch", ``F.scaled_dot_product_attention``), forward and forward+backward, and measures the peak
-memory each needs beyond its inputs in a fresh Python process (so nothing allocated earlier hides or
-inflates a peak). Chapter 09 calls :func:`time_attention` and :func:`peak_extra_memory` in ignored cells.
+For each T it compares our tiled `flash_attention` ("ours") with PyTorch's fused CPU kernel ("torch",
+``F.scaled_dot_product_attention``), forward and forward+backward, as the **median ratio of paired,
+alternating runs in one process** (each pair times ours and torch back to back, the order alternating from pair
+to pair, so a load spike on a shared machine hits both sides of a pair); it times the course's plain attention
+that builds the T x T weights ("naive", :func:`attncourse.scaled_dot_product_attention`) once where it fits.
 
-Memory is the process's peak resident set size during one call minus its size just before (Linux:
+Memory is measured two ways. :func:`tensor_bytes_peak` counts the bytes of the tensors a call creates that are
+alive at the same time (a dispatch mode sees every op, the backward's included): exact and machine-independent,
+so chapter 09's lesson prints it and nbval compares it. Buffers a C++ kernel allocates without making tensors
+(PyTorch's fused kernel keeps per-thread tiles that way) are not seen, which is why the process-level
+measurement stays as a cross-check. Chapter 09 calls :func:`time_attention`, :func:`tensor_bytes_peak` and
+:func:`peak_extra_memory`.
+
+Process-level memory:
+the process's peak resident set size during one call minus its size just before (Linux:
 the high-water mark is reset through /proc/self/clear_refs before each call; elsewhere the child
 uses ``ru_maxrss`` deltas, valid because peaks grow with T). The child runs with
 ``MALLOC_MMAP_THRESHOLD_`` set so that freed buffers go back to the OS at once and the resident size
@@ -27,10 +35,14 @@ import resource
 import subprocess
 import sys
 import time
+import statistics
+import weakref
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from . import _validate
 from .flash import default_block_sizes, flash_attention
@@ -86,6 +98,72 @@ def time_attention(impl: str, seq_len: int, *, backward: bool = False, batch: in
         _run_once(fn, q, k, v, causal, backward)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def paired_ratio(impl: str, other: str, seq_len: int, *, backward: bool = False, batch: int = 1, heads: int = 8,
+                 head_dim: int = 64, causal: bool = True, pairs: int = 7) -> dict:
+    """Median over `pairs` of time(impl) / time(other), each pair run back to back in this process, the order
+    alternating from pair to pair, after one warm-up call of each. Returns {"ratio", "ratios", "time_<impl>",
+    "time_<other>"} (median seconds)."""
+    for name, value in (("seq_len", seq_len), ("pairs", pairs)):
+        _validate.positive_int(name, value)
+    fns = {impl: _impl(impl), other: _impl(other)}
+    q, k, v = _inputs(seq_len, batch, heads, head_dim, backward)
+    for fn in fns.values():
+        _run_once(fn, q, k, v, causal, backward)  # warm-up
+    times: dict[str, list[float]] = {impl: [], other: []}
+    for i in range(pairs):
+        for name in ((impl, other) if i % 2 == 0 else (other, impl)):
+            start = time.perf_counter()
+            _run_once(fns[name], q, k, v, causal, backward)
+            times[name].append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(times[impl], times[other])]
+    return {"ratio": statistics.median(ratios), "ratios": ratios, f"time_{impl}": statistics.median(times[impl]),
+            f"time_{other}": statistics.median(times[other])}
+
+
+# ----------------------------------------------------------------------------- memory: tensor bytes, exact
+
+
+class _LiveTensorBytes(TorchDispatchMode):
+    """Adds up the bytes of every storage an op creates, drops them when the storage is freed, keeps the peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.seen = 0, 0, set()
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self.seen.discard(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                key = id(storage)
+                if key not in self.seen and key not in inputs:  # new memory: not a view, not an in-place result
+                    self.seen.add(key)
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._freed, key, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def tensor_bytes_peak(impl: str, seq_len: int, *, backward: bool = False, batch: int = 1, heads: int = 8,
+                      head_dim: int = 64, causal: bool = True) -> int:
+    """Peak bytes of the tensors one call creates (forward, or forward + backward with the gradients of q, k, v)
+    that are alive at the same time; inputs not counted. Exact and machine-independent."""
+    _validate.positive_int("seq_len", seq_len)
+    fn = _impl(impl)
+    q, k, v = _inputs(seq_len, batch, heads, head_dim, backward)
+    gc.collect()
+    tracker = _LiveTensorBytes()
+    with tracker:
+        _run_once(fn, q, k, v, causal, backward)
+    return tracker.peak
 
 
 # ----------------------------------------------------------------------------- memory, in a child process
@@ -172,30 +250,33 @@ def _available_bytes() -> int | None:
 
 
 def flash_table(lengths: list[int], *, modes=("fwd", "fwd+bwd"), batch: int = 1, heads: int = 8,
-                head_dim: int = 64, repeats: int = 5, memory: bool = True, print_rows: bool = True) -> list[dict]:
-    """Rows {mode, T, time_<impl>, mem_<impl>, ...} for the flash benchmark (see the module docstring)."""
+                head_dim: int = 64, pairs: int = 7, process_memory: bool = True, print_rows: bool = True) -> list[dict]:
+    """Rows {mode, T, ratio, ratios, time_ours, time_torch, time_naive, bytes_<impl>, rss_<impl>} (see the module
+    docstring): the paired median ratio ours / torch, exact tensor-byte peaks and process-level peaks."""
     available = _available_bytes()
     rows = []
     if print_rows:
-        print(f"{'mode':8} {'T':>5} {'ours ms':>9} {'naive ms':>9} {'torch ms':>9} {'ours/torch':>10} "
-              f"{'ours MiB':>9} {'naive MiB':>9} {'torch MiB':>9} {'naive/ours mem':>14}", flush=True)
+        print(f"{'mode':8} {'T':>5} {'ours/torch':>10} {'(min-max)':>11} {'ours ms':>8} {'torch ms':>8} {'naive ms':>9} "
+              f"{'tensor MiB ours/naive/torch':>28} {'naive/ours':>10} {'RSS MiB ours/naive/torch':>25}", flush=True)
     for mode in modes:
         backward = mode == "fwd+bwd"
-        skip_naive = {t for t in lengths if available is not None
-                      and _naive_bytes_estimate(t, batch, heads, backward) > 0.6 * available}
-        mem = {}
-        if memory:
+        fits = {t: available is None or _naive_bytes_estimate(t, batch, heads, backward) < 0.6 * available
+                for t in lengths}
+        rss = {}
+        if process_memory:
             for impl in IMPLS:
-                todo = [t for t in lengths if not (impl == "naive" and t in skip_naive)]
-                mem[impl] = dict(zip(todo, peak_extra_memory(impl, todo, backward=backward, batch=batch,
-                                                             heads=heads, head_dim=head_dim)))
+                todo = [t for t in lengths if impl != "naive" or fits[t]]
+                rss[impl] = dict(zip(todo, peak_extra_memory(impl, todo, backward=backward, batch=batch, heads=heads,
+                                                             head_dim=head_dim)))
         for t in lengths:
-            row = {"mode": mode, "T": t}
+            row = {"mode": mode, "T": t, **paired_ratio("ours", "torch", t, backward=backward, batch=batch,
+                                                        heads=heads, head_dim=head_dim, pairs=pairs)}
+            row["time_naive"] = (time_attention("naive", t, backward=backward, batch=batch, heads=heads,
+                                                head_dim=head_dim, repeats=1) if fits[t] else None)
             for impl in IMPLS:
-                skip = impl == "naive" and t in skip_naive
-                row[f"time_{impl}"] = None if skip else time_attention(
-                    impl, t, backward=backward, batch=batch, heads=heads, head_dim=head_dim, repeats=repeats)
-                row[f"mem_{impl}"] = mem.get(impl, {}).get(t)
+                row[f"bytes_{impl}"] = (tensor_bytes_peak(impl, t, backward=backward, batch=batch, heads=heads,
+                                                          head_dim=head_dim) if impl != "naive" or fits[t] else None)
+                row[f"rss_{impl}"] = rss.get(impl, {}).get(t)
             rows.append(row)
             if print_rows:
                 print(_format_row(row), flush=True)
@@ -204,17 +285,18 @@ def flash_table(lengths: list[int], *, modes=("fwd", "fwd+bwd"), batch: int = 1,
 
 def _format_row(row: dict) -> str:
     def ms(x):
-        return f"{x * 1e3:9.1f}" if x is not None else f"{'skipped':>9}"
+        return f"{x * 1e3:8.0f}" if x is not None else f"{'-':>8}"
 
-    def mib(x):
-        return f"{x / 2**20:9.1f}" if x is not None else f"{'-':>9}"
+    def mib(*xs):
+        return "/".join(f"{x / 2**20:.1f}" if x is not None else "-" for x in xs)
 
-    ratio = row["time_ours"] / row["time_torch"]
-    mem_ratio = (f"{row['mem_naive'] / row['mem_ours']:14.1f}" if row["mem_naive"] and row["mem_ours"]
-                 else f"{'-':>14}")
-    return (f"{row['mode']:8} {row['T']:5d} {ms(row['time_ours'])} {ms(row['time_naive'])} "
-            f"{ms(row['time_torch'])} {ratio:10.2f} {mib(row['mem_ours'])} {mib(row['mem_naive'])} "
-            f"{mib(row['mem_torch'])} {mem_ratio}")
+    spread = f"({min(row['ratios']):.2f}-{max(row['ratios']):.2f})"
+    mem_ratio = (f"{row['bytes_naive'] / row['bytes_ours']:10.1f}" if row["bytes_naive"] and row["bytes_ours"]
+                 else f"{'-':>10}")
+    return (f"{row['mode']:8} {row['T']:5d} {row['ratio']:10.2f} {spread:>11} {ms(row['time_ours'])} "
+            f"{ms(row['time_torch'])} {ms(row['time_naive']):>9} "
+            f"{mib(row['bytes_ours'], row['bytes_naive'], row['bytes_torch']):>28} {mem_ratio} "
+            f"{mib(row['rss_ours'], row['rss_naive'], row['rss_torch']):>25}")
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints timings
@@ -222,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints tim
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     fl = sub.add_parser("flash", help="ours vs naive vs PyTorch: time and peak extra memory against T")
-    fl.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    fl.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
     fl.add_argument("--mode", choices=["fwd", "fwd+bwd", "both"], default="both")
-    fl.add_argument("--repeats", type=int, default=5)
-    fl.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
+    fl.add_argument("--pairs", type=int, default=7, help="paired, alternating runs of ours and torch per row")
+    fl.add_argument("--no-process-memory", action="store_true", help="skip the process-level (RSS) cross-check")
     mem = sub.add_parser("_memory", help=argparse.SUPPRESS)  # the child process of peak_extra_memory
     mem.add_argument("impl")
     mem.add_argument("lengths", type=int, nargs="+")
@@ -236,7 +318,17 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints tim
         p.add_argument("--heads", type=int, default=8)
         p.add_argument("--dim", type=int, default=64)
         p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    fl.add_argument("--omp-wait-policy", choices=["passive", "active", "inherit"], default="passive",
+                    help="OpenMP's wait policy for this run (default passive: on a machine shared with other busy "
+                         "processes, threads that spin while waiting steal the core the working thread needs, which "
+                         "slows code made of many small parallel ops far more than one fused kernel)")
     args = parser.parse_args(argv)
+    if args.command == "flash" and args.omp_wait_policy != "inherit":
+        wanted = args.omp_wait_policy.upper()
+        if os.environ.get("OMP_WAIT_POLICY") != wanted:  # OpenMP reads it once, at start-up: run again with it set
+            os.environ["OMP_WAIT_POLICY"] = wanted
+            os.execv(sys.executable, [sys.executable, "-m", "attncourse.bench", *(sys.argv[1:] if argv is None
+                                                                                  else argv)])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == "_memory":
@@ -246,12 +338,15 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - prints tim
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"flash benchmark: B={args.batch}, H={args.heads}, D={args.dim}, float32, causal; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads on {os.cpu_count()} CPUs; load average "
-          f"{load}; our default blocks (block_q, block_k): forward {default_block_sizes('cpu')}, "
+          f"{load}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
+          f"our default blocks (block_q, block_k): forward {default_block_sizes('cpu')}, "
           f"backward {default_block_sizes('cpu', backward=True)}")
-    print("times: best of a few calls; memory: peak bytes beyond the inputs, in a fresh process")
+    print(f"ours/torch: median of {args.pairs} paired, alternating runs in this process (min-max of the pairs); "
+          "times: medians; tensor MiB: exact peak of live tensors created by the call (inputs excluded, gradients "
+          "included); RSS MiB: process-level peak beyond the inputs, in a fresh process (cross-check)")
     modes = ("fwd", "fwd+bwd") if args.mode == "both" else (args.mode,)
     flash_table(args.lengths, modes=modes, batch=args.batch, heads=args.heads, head_dim=args.dim,
-                repeats=args.repeats, memory=not args.no_memory)
+                pairs=args.pairs, process_memory=not args.no_process_memory)
     if hasattr(os, "getloadavg"):
         print(f"load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0

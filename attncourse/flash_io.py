@@ -226,8 +226,8 @@ def hbm_traffic_fa2(seq_len: int, head_dim: int, sram: int | None = None, *, blo
     """FlashAttention-2's forward (query blocks outside, key blocks inside), the loop order chapter 09 runs.
 
     Each query block Q_i is read once and stays on chip with its running max, sum and output; every key block
-    it visits is read (K_j, V_j); at the end O_i and the row's lse are written once. Reads Nd + (tiles visited)
-    x 2 B_c d, writes Nd + N. Without causal skipping that is Nd + T_r 2Nd + Nd + N = 2Nd + 2N^2 d / B_r + N,
+    it visits is read (K_j, V_j); at the end O_i and the row's lse are written once. Reads Nd + (key rows loaded)
+    x 2d, writes Nd + N. Without causal skipping that is Nd + T_r 2Nd + Nd + N = 2Nd + 2N^2 d / B_r + N,
     and with B_r about M / 4d it is 8 N^2 d^2 / M + ...: still Theta(N^2 d^2 / M), a smaller constant than
     FlashAttention-1's 12 because O, l and m never go back and forth.
 
@@ -244,11 +244,11 @@ def hbm_traffic_fa2(seq_len: int, head_dim: int, sram: int | None = None, *, blo
     if sram is not None:
         _check_sram(d, sram)
         block_q = block_k = flash_block_sizes(d, sram)[1]
-    tiles = tile_map(n, t_k, block_q, block_k, Band(causal=is_causal))
+    band = Band(causal=is_causal)
     kv_reads = 0
-    for b in range(tiles.shape[1]):
-        width = min(block_k, t_k - b * block_k)
-        kv_reads += int((tiles[:, b] > 0).sum()) * 2 * width * d  # K_j and V_j for every query block visiting it
+    for q0 in range(0, n, block_q):  # each query block loads the key blocks [lo, hi) it can see, K_j and V_j
+        lo, hi = band.key_range(q0, min(q0 + block_q, n), t_k, block_k)
+        kv_reads += 2 * max(hi - lo, 0) * d
     return HBMTraffic(reads=n * d + kv_reads, writes=n * d + n, block_r=block_q, block_c=block_k)
 
 

@@ -33,7 +33,7 @@ def _shortcut_merge_fold(m_all, l_all):
 
 def _shortcut_merge_lse(m_all, l_all):
     """Through torch.logsumexp of the per-chunk log-sum-exps: must be refused."""
-    m = m_all.amax(dim=0)
+    m = torch.amax(m_all, 0)
     ref = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     lse = torch.logsumexp(m_all - ref + torch.log(l_all), dim=0)  # relative to the merged max: no cancellation
     return m, torch.exp(lse)
@@ -189,11 +189,12 @@ def rescale_cost(seed: int, n: int, chunk_size: int, drift: float = 0.0) -> tupl
     """Reference: (chunks after the first where the running max grows, elements already written that the one-pass
     softmax rescales then) for the row ``randn(n) + drift * arange(n)`` drawn with ``seed`` in float64."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, generator=gen, dtype=torch.float64) + drift * torch.arange(n, dtype=torch.float64)
+    row = torch.randn(n, generator=gen, dtype=torch.float64)
+    row = row + drift * torch.arange(n, dtype=torch.float64)
     rescales = written = 0
     m = NEG_INF
     for start in range(0, n, chunk_size):
-        top = float(x[start:start + chunk_size].max())
+        top = float(row[start:start + chunk_size].max())
         if start > 0 and top > m:
             rescales += 1
             written += start

@@ -1,4 +1,8 @@
-"""Checks for chapter 09, FlashAttention by tiling (solutions/09_flash_attention.ipynb)."""
+"""Checks for chapter 09, FlashAttention by tiling (solutions/09_flash_attention.ipynb).
+
+Expected values come from the course's oracle (``scaled_dot_product_attention`` with an explicit boolean mask,
+autograd through it) or from the package's traffic models, never from a copy of the solution.
+"""
 
 from __future__ import annotations
 
@@ -6,131 +10,156 @@ import math
 
 import torch
 
-from attncourse.flash import causal_block_counts, flash_attention_forward, hbm_traffic_flash, hbm_traffic_standard
-from attncourse.sdpa import apply_mask, scaled_dot_product_attention
+from attncourse.flash import flash_attention, flash_attention_backward
+from attncourse.flash_io import hbm_traffic_fa2, hbm_traffic_flash
+from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
 HBM_QUESTION = dict(seq_len=4096, head_dim=128, sram=65536)  # the values the exercise asks about
 
 
-def _state_check(out_expected: torch.Tensor, lse_expected: torch.Tensor):
-    """Compare a returned (m, l, acc) by what it means: acc / l is the output, m + log l the lse.
-
-    (m itself may be any value that keeps the exponentials finite, so it is not compared directly.)"""
-
-    def compare(got) -> str | None:
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            return f"expected a tuple (m, l, acc) of 3 tensors, got {type(got).__name__}"
-        m, l, acc = got
-        for name, x, shape in (("m", m, lse_expected.shape + (1,)), ("l", l, lse_expected.shape + (1,)),
-                               ("acc", acc, out_expected.shape)):
-            if not isinstance(x, torch.Tensor):
-                return f"{name} should be a tensor, got {type(x).__name__}"
-            if tuple(x.shape) != tuple(shape):
-                return (f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} "
-                        "(keep the last dim with keepdim=True)")
-            if not torch.isfinite(x).all():
-                return (f"{name} holds NaN or inf: did you subtract the new running max before exp, "
-                        "and handle the empty state m = -inf?")
-        out = acc.double() / l.double()
-        if not torch.allclose(out, out_expected.double(), rtol=1e-6, atol=1e-8):
-            bad = (~torch.isclose(out, out_expected.double(), rtol=1e-6, atol=1e-8)).nonzero()[0].tolist()
-            return (f"acc / l is not the attention output over all keys seen so far; first difference at "
-                    f"index {tuple(bad)}: expected {out_expected[tuple(bad)].item():.6g}, got "
-                    f"{out[tuple(bad)].item():.6g}")
-        lse = (m.double() + torch.log(l.double())).squeeze(-1)
-        if not torch.allclose(lse, lse_expected.double(), rtol=1e-6, atol=1e-8):
-            bad = (~torch.isclose(lse, lse_expected.double(), rtol=1e-6, atol=1e-8)).nonzero()[0].tolist()
-            return (f"m + log(l) is not the log-sum-exp of the scores seen so far; first difference at index "
-                    f"{tuple(bad)}: expected {lse_expected[tuple(bad)].item():.6g}, got {lse[tuple(bad)].item():.6g}")
-        return None
-
-    return compare
+# ----------------------------------------------------------------------------- 1. the backward of one tile
 
 
-@exercise("09-tile-update", "tile_update", points=3,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="m_new = max(m, rowmax(s)); p = exp(s - m_new); alpha = exp(m - m_new); "
-               "l_new = alpha * l + rowsum(p); acc_new = alpha * acc + p @ v_tile")
-def _tile_update():
-    """One step of the tiled forward's inner loop: fold a tile of scores into (m, l, acc)."""
-    gen = torch.Generator().manual_seed(9)
+def _shortcut_tile_backward(q, k, v, out, lse, d_out, scale):
+    """The package's public backward on one key block: must be refused."""
+    return flash_attention_backward(q, k, v, out, lse, d_out, scale=scale)
+
+
+def _shortcut_autograd(q, k, v, out, lse, d_out, scale):
+    """Autograd through the block's contribution out_blk = exp(S - lse) V with D folded in: must be refused."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    p = (q @ k.transpose(-2, -1) * scale - lse[..., None]).exp()  # (..., Bq, Bk)
+    delta = (d_out * out).sum(-1, keepdim=True)  # (..., Bq, 1)
+    # d/dS of <dO, P V> - <D, rowsum P> gives P * (dP - D): the gradient of the real loss restricted to the block
+    loss = (d_out * (p @ v)).sum() - (delta * p.sum(-1, keepdim=True)).sum()
+    return torch.autograd.grad(loss, (q, k, v))
+
+
+@exercise("09-tile-backward", "tile_backward", points=3, category="implement",
+          forbid=("attncourse.flash.flash_attention_backward", "torch.autograd.grad", "torch.Tensor.backward",
+                  "torch.softmax", "torch.nn.functional.scaled_dot_product_attention"),
+          shortcuts=(_shortcut_tile_backward, _shortcut_autograd),
+          title="The backward of one key block, probabilities rebuilt from lse",
+          hint="the block holds only some of each row's keys, so the probabilities cannot be normalised inside it: "
+               "rebuild them from what the forward saved for the whole row. The softmax's Jacobian needs one number "
+               "per row, and section 4 of the lesson shows how to get it from the output and its gradient alone. "
+               "Then follow the chain rule through the two products, remembering where the scale enters")
+def _tile_backward():
+    """dq (this block's share), dk and dv of one key block, given the final out and lse of every query row."""
+    gen = torch.Generator().manual_seed(11)
     cases = []
-    n, bq, d, dv = 3, 5, 8, 4
-    for name, (n_prev, n_tile, mult, masked) in {
-        "first tile: empty state (m = -inf, l = 0, acc = 0)": (0, 6, 1.0, False),
-        "second tile of 7 keys after 6": (6, 7, 1.0, False),
-        "huge scores (x 300): exp overflows even in float64 unless shifted": (6, 7, 300.0, False),
-        "a tile whose keys are all masked (-inf) for some rows": (6, 7, 1.0, True),
+    for name, (lead, tq, tk, d, dv, k0, k1, mult) in {
+        "(2, 3) rows x 6 queries, keys 4..11 of 20": ((2, 3), 6, 20, 8, 8, 4, 11, 1.0),
+        "the first 5 keys of 17, Dv != D": ((1,), 9, 17, 16, 5, 0, 5, 1.0),
+        "the whole row as one block": ((2,), 4, 7, 8, 8, 0, 7, 1.0),
+        "large scores (x 20): P must come from lse, not from exp of raw scores": ((1, 2), 5, 13, 8, 8, 6, 13, 20.0),
     }.items():
-        q = torch.randn(n, bq, d, generator=gen, dtype=torch.float64) * mult
-        k = torch.randn(n, n_prev + n_tile, d, generator=gen, dtype=torch.float64)
-        v = torch.randn(n, n_prev + n_tile, dv, generator=gen, dtype=torch.float64)
-        keep = torch.ones(bq, n_prev + n_tile, dtype=torch.bool)
-        if masked:
-            keep[1:4, n_prev:] = False  # rows 1..3 see nothing in the new tile
-            keep[2, n_prev + 3] = True  # ... except row 2, which sees one key
-        scores = apply_mask(q @ k.transpose(1, 2) / math.sqrt(d), keep)  # (N, Bq, D) @ (N, D, T) -> (N, Bq, T)
-        prev, tile = scores[..., :n_prev], scores[..., n_prev:]
-        if n_prev == 0:
-            m = torch.full((n, bq, 1), float("-inf"), dtype=torch.float64)
-            l = torch.zeros(n, bq, 1, dtype=torch.float64)
-            acc = torch.zeros(n, bq, dv, dtype=torch.float64)
-        else:
-            m = prev.amax(-1, keepdim=True)  # (N, Bq, 1)
-            p = torch.exp(prev - m)  # (N, Bq, n_prev)
-            l, acc = p.sum(-1, keepdim=True), p @ v[:, :n_prev]  # (N, Bq, 1), (N, Bq, Dv)
-        out = scaled_dot_product_attention(q, k, v, keep)  # the oracle over all keys seen
-        if masked:
-            lse = torch.logsumexp(scores, dim=-1)
-        else:
-            lse = flash_attention_forward(q, k, v, block_q=2, block_k=4)[1]
-        cases.append(Case(name, (m, l, acc, tile.contiguous(), v[:, n_prev:].contiguous()),
-                          compare=_state_check(out, lse)))
-    return cases
-
-
-@exercise("09-rescale-bug", "fixed_tiled_attention", points=2,
-          forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          hint="when the running max grows, everything accumulated so far was weighted by e^(s - m_old): "
-               "multiply acc (not only l) by alpha = exp(m_old - m_new) before adding the new tile")
-def _rescale_bug():
-    """Find and fix the bug in a tiled attention that forgets to rescale its accumulator."""
-    gen = torch.Generator().manual_seed(10)
-    cases = []
-    for name, (lead, tq, tk, d, block_k) in {
-        "(2, 3, 6, 8) over 20 keys, blocks of 4": ((2, 3), 6, 20, 8, 4),
-        "(1, 1, 3, 16) over 7 keys, blocks of 3 (ragged last block)": ((1, 1), 3, 7, 16, 3),
-        "one block of keys (block_k >= T_k)": ((2,), 4, 5, 8, 8),
-        "blocks of 1 key": ((1, 2), 5, 9, 4, 1),
-    }.items():
-        q = torch.randn(*lead, tq, d, generator=gen, dtype=torch.float64)
+        q = torch.randn(*lead, tq, d, generator=gen, dtype=torch.float64) * mult
         k = torch.randn(*lead, tk, d, generator=gen, dtype=torch.float64)
-        v = torch.randn(*lead, tk, d, generator=gen, dtype=torch.float64)
-        k = k * torch.linspace(0.5, 3.0, tk, dtype=torch.float64)[:, None]  # later keys score higher
-        cases.append(Case(name, (q, k, v, block_k), expected=scaled_dot_product_attention(q, k, v),
-                          rtol=1e-7, atol=1e-9))
+        v = torch.randn(*lead, tk, dv, generator=gen, dtype=torch.float64)
+        d_out = torch.randn(*lead, tq, dv, generator=gen, dtype=torch.float64)
+        scale = 1 / math.sqrt(d)
+        s = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+        lse = torch.logsumexp(s, dim=-1)  # (..., Tq)
+        qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+        out = scaled_dot_product_attention(qr, kr, vr)
+        dq_all, dk_all, dv_all = torch.autograd.grad(out, (qr, kr, vr), d_out)
+        # this block's share of dq: dS restricted to the block's columns, times its keys
+        p = torch.exp(s - lse[..., None])  # (..., Tq, Tk)
+        ds = p * (d_out @ v.transpose(-2, -1) - (d_out * out.detach()).sum(-1, keepdim=True))
+        dq_blk = ds[..., k0:k1] @ k[..., k0:k1, :] * scale  # (..., Tq, Bk) @ (..., Bk, D) -> (..., Tq, D)
+        if k0 == 0 and k1 == tk:
+            torch.testing.assert_close(dq_blk, dq_all)  # the reference itself, on the whole row
+        cases.append(Case(name, (q, k[..., k0:k1, :], v[..., k0:k1, :], out.detach(), lse, d_out, scale),
+                          expected=(dq_blk, dk_all[..., k0:k1, :], dv_all[..., k0:k1, :]), rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("09-causal-skip", "count_skipped_tiles", points=2,
-          hint="query i sees keys 0..i; a tile is skipped when its first key comes after its last query: "
-               "k_start > min(q_start + block_q, q_len) - 1")
-def _causal_skip():
-    """Count the tiles a causal tiled pass never visits."""
+# ----------------------------------------------------------------------------- 2. find the bug: a sliding window
+
+
+def window_mask(t: int, window: int) -> torch.Tensor:
+    """(T, T) boolean: query i sees keys i - window < j <= i."""
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+@exercise("09-window-bug", "windowed_attention_fixed", points=2, category="bug",
+          forbid=("attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+          bug_words=("rounds up", "rounded up", "round down", "rounding", "multiple above", "first tile too late",
+                     "skips a tile"),
+          title="Fix a sliding-window tiled attention that is right for some windows only",
+          hint="print, for each query block, the range of key blocks the loop visits, and compare it with the keys "
+               "the block's first query may see: is the first of them always inside a visited block?")
+def _window_bug():
+    """Tiled causal attention with a sliding window that must visit only the key blocks inside the band."""
+    gen = torch.Generator().manual_seed(12)
     cases = []
-    for args in [(8, 8, 4, 4), (1024, 1024, 128, 128), (1000, 1000, 128, 64), (10, 7, 3, 2), (7, 10, 2, 3),
-                 (5, 5, 8, 8), (300, 300, 1, 100)]:
-        cases.append(Case(f"q_len={args[0]}, k_len={args[1]}, block_q={args[2]}, block_k={args[3]}", args,
-                          expected=causal_block_counts(*args)["skipped"], compare="equal"))
+    for name, (t, d, window, bq, bk) in {
+        "T=40, window 8, blocks 8 x 8 (aligned)": (40, 8, 8, 8, 8),
+        "T=37, window 5, blocks 8 x 4": (37, 8, 5, 8, 4),
+        "T=50, window 12, blocks 16 x 8": (50, 16, 12, 16, 8),
+        "T=23, window 1, blocks 4 x 4": (23, 8, 1, 4, 4),
+        "T=30, window 100 (wider than T), blocks 8 x 8": (30, 8, 100, 8, 8),
+    }.items():
+        q, k, v = (torch.randn(2, t, d, generator=gen, dtype=torch.float64) for _ in range(3))
+        expected = scaled_dot_product_attention(q, k, v, window_mask(t, window))
+        cases.append(Case(name, (q, k, v, window, bq, bk), expected=expected, rtol=1e-7, atol=1e-9))
     return cases
 
 
-@exercise("09-predict-hbm", "hbm_prediction", kind="value", points=2,
-          hint="standard: reads 3Nd + 2N^2, writes 2N^2 + Nd. Flash: B_c = ceil(M / 4d), T_c = ceil(N / B_c); "
-               "reads 2Nd + T_c (2Nd + 2N), writes Nd + 2N + T_c (Nd + 2N)")
+# ----------------------------------------------------------------------------- 3. predict: the two loop orders
+
+
+@exercise("09-predict-hbm", "hbm_prediction", kind="value", points=2, category="predict",
+          parts=("FlashAttention-1 total", "FlashAttention-2 total"),
+          hint="for each loop order, ask which blocks stay on chip for the whole inner loop and which are read (and "
+               "written) again on every pass of the outer loop; the lesson's two lists of what one pass moves are "
+               "all you need, with both block sizes taken from the SRAM as in Algorithm 1")
 def _predict_hbm():
-    """Predict the HBM elements moved by standard attention and FlashAttention for N=4096, d=128, M=65536."""
+    """Predict the HBM elements moved by FlashAttention-1's and FlashAttention-2's loop orders, N=4096, d=128,
+    M=65536."""
     n, d, m = HBM_QUESTION["seq_len"], HBM_QUESTION["head_dim"], HBM_QUESTION["sram"]
-    expected = (hbm_traffic_standard(n, d).total, hbm_traffic_flash(n, d, m).total)
-    return [Case("(standard total, flash total) for N=4096, d=128, M=65536", expected=expected, compare="equal")]
+    expected = (hbm_traffic_flash(n, d, m).total, hbm_traffic_fa2(n, d, m).total)
+    return [Case("(FlashAttention-1 total, FlashAttention-2 total) for N=4096, d=128, M=65536", expected=expected,
+                 compare="equal")]
+
+
+# ----------------------------------------------------------------------------- 4. experiment: bfloat16 error
+
+
+def bf16_errors(seed: int, seq_len: int) -> tuple[float, float]:
+    """Reference: (largest error of flash_attention, of plain attention) on bfloat16 inputs, causal, against float64
+    attention on the same (rounded) inputs; q, k, v = randn(1, 2, T, 32) * 2 drawn in float64 with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = [torch.randn(1, 2, seq_len, 32, generator=gen, dtype=torch.float64) for _ in range(3)]
+    q, k, v = ((2 * x).to(torch.bfloat16) for x in draws)
+    exact = scaled_dot_product_attention(*(x.double() for x in (q, k, v)), is_causal=True)
+    tiled = flash_attention(q, k, v, is_causal=True).double()
+    plain = scaled_dot_product_attention(q, k, v, is_causal=True).double()
+    return float((tiled - exact).abs().max()), float((plain - exact).abs().max())
+
+
+def _errors_close(got, expected):
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(x, float) for x in got)):
+        return f"expected a tuple of two Python floats, got {got!r}"
+    for name, g, e in zip(("the tiled error", "the plain error"), got, expected):
+        if not abs(g - e) <= 0.1 * e:
+            return (f"{name} is {g:.3g}, more than 10% away from what the same measurement gives here: "
+                    "check the inputs (seed, scale, dtype) and the reference")
+    return None
+
+
+@exercise("09-bf16-error", "bf16_errors_measured", points=2, category="experiment",
+          hint="draw q, k and v exactly as the exercise says, round them to bfloat16, and compare each method's "
+               "output with the exact attention of those same rounded inputs computed in float64; report the "
+               "largest absolute difference of each")
+def _bf16_error():
+    """Measure the bfloat16 error of the tiled and the plain attention over several seeds."""
+    cases = []
+    for seed in (0, 1, 2):
+        for t in (64, 300):
+            cases.append(Case(f"seed {seed}, T={t}", (seed, t), expected=bf16_errors(seed, t), compare=_errors_close))
+    return cases
