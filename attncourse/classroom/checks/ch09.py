@@ -130,15 +130,24 @@ def _predict_hbm():
 # ----------------------------------------------------------------------------- 4. experiment: bfloat16 error
 
 
+def _bf16_formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), causal) v written out on bfloat16 tensors: every step rounds to bfloat16."""
+    t = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T) in bfloat16
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (..., T, T) @ (..., T, D): weights rounded to bfloat16 first
+
+
 def bf16_errors(seed: int, seq_len: int) -> tuple[float, float]:
-    """Reference: (largest error of flash_attention, of plain attention) on bfloat16 inputs, causal, against float64
-    attention on the same (rounded) inputs; q, k, v = randn(1, 2, T, 32) * 2 drawn in float64 with ``seed``."""
+    """Reference: (largest error of flash_attention, of the formula written in bfloat16) on bfloat16 inputs, causal,
+    against float64 attention on the same (rounded) inputs; q, k, v = randn(1, 2, T, 32) * 2 drawn in float64 with
+    ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     draws = [torch.randn(1, 2, seq_len, 32, generator=gen, dtype=torch.float64) for _ in range(3)]
     q, k, v = ((2 * x).to(torch.bfloat16) for x in draws)
     exact = scaled_dot_product_attention(*(x.double() for x in (q, k, v)), is_causal=True)
     tiled = flash_attention(q, k, v, is_causal=True).double()
-    plain = scaled_dot_product_attention(q, k, v, is_causal=True).double()
+    plain = _bf16_formula(q, k, v).double()
     return float((tiled - exact).abs().max()), float((plain - exact).abs().max())
 
 
@@ -155,7 +164,8 @@ def _errors_close(got, expected):
 @exercise("09-bf16-error", "bf16_errors_measured", points=2, category="experiment",
           hint="draw q, k and v exactly as the exercise says, round them to bfloat16, and compare each method's "
                "output with the exact attention of those same rounded inputs computed in float64; report the "
-               "largest absolute difference of each")
+               "largest absolute difference of each. The plain version must stay in bfloat16 at every step: "
+               "no library attention function (they compute in float32 inside)")
 def _bf16_error():
     """Measure the bfloat16 error of the tiled and the plain attention over several seeds."""
     cases = []
