@@ -32,9 +32,8 @@ def _shortcut_tile_states(mask, block_q, block_k):
           forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map",
                   "torch.nn.attention.flex_attention.create_block_mask"),
           shortcuts=(_shortcut_tile_states,),
-          hint="pad the mask up to whole tiles with pairs that count neither as allowed nor as missing, then count "
-               "the allowed pairs of each tile and compare the count with zero and with the number of real pairs "
-               "the tile holds (tiles on the last row or column are smaller)")
+          hint="test a mask whose sides are not multiples of the tile sizes: what state should a small corner tile "
+               "get when every pair it really holds is allowed?")
 def _tile_states_cases():
     """From a dense boolean mask, the state of every (block_q x block_k) tile: 0 empty, 1 partial, 2 full."""
     gen = torch.Generator().manual_seed(11)
@@ -56,33 +55,46 @@ def _tile_states_cases():
     return cases
 
 
-# ----------------------------------------------------------------------------- 2. the block-table lookup
+# ----------------------------------------------------------------------------- 2. the slot mapping of an append
 
 
-def _paged_reference(pages: torch.Tensor, block_table: list[int], length: int) -> torch.Tensor:
-    cache = PagedKVCache(pages.shape[0], pages.shape[2], pages.shape[1], pages.shape[3], dtype=pages.dtype)
-    cache.k_pages = pages
+def _slot_reference(block_table, length, n_new, page_size, free_pages, last_page_shared):
+    """The package's PagedKVCache.append on a pool in this state; returns (new block table, flat slots)."""
+    n_pages = max([*block_table, *free_pages, 0]) + 2  # the page after the last is the sibling's shared copy
+    cache = PagedKVCache(n_pages, page_size, 1, 1, dtype=torch.float64)
     seq = cache.add_sequence()
     cache.block_tables[seq], cache.lengths[seq] = list(block_table), length
-    return cache.gather(seq)[0]
+    cache.free_pages = list(free_pages)
+    cache.refcount = [0] * n_pages
+    for page in block_table:
+        cache.refcount[page] = 1
+    if last_page_shared and block_table:
+        cache.refcount[block_table[-1]] = 2  # a forked sibling still lists it
+    zeros = torch.zeros(1, n_new, 1, dtype=torch.float64)
+    cache.append(seq, zeros, zeros)
+    slots = [cache.slot(seq, t) for t in range(length, length + n_new)]
+    return (torch.tensor(cache.block_tables[seq], dtype=torch.long),
+            torch.tensor([page * page_size + offset for page, offset in slots], dtype=torch.long))
 
 
-@exercise("11-block-table", "read_sequence", points=2, category="implement",
-          forbid=("attncourse.paged_cache.PagedKVCache.gather",),
-          shortcuts=(_paged_reference,),
-          hint="a token's position tells you two things: which entry of the block table names its page, and where "
-               "inside that page it sits. Either loop over the positions, or take whole pages in table order, put "
-               "the page axis next to the slot axis, merge the two and cut at the length")
-def _block_table():
-    """Read one sequence's keys (Hkv, L, D) out of a page pool through its block table."""
-    gen = torch.Generator().manual_seed(12)
-    pages = torch.randn(9, 2, 4, 3, generator=gen, dtype=torch.float64)  # (n_pages, Hkv, P, D)
+@exercise("11-slot-mapping", "slot_mapping", points=2, category="implement",
+          forbid=("attncourse.paged_cache.PagedKVCache.append", "attncourse.paged_cache.PagedKVCache.slot",
+                  "attncourse.paged_cache.PagedKVCache._allocate"),
+          shortcuts=(_slot_reference,),
+          hint="test an append that starts in the middle of a shared page and runs over two page boundaries: "
+               "which page does its first token land in, and which pages leave the free list, in what order?")
+def _slot_mapping():
+    """The block table after a chunked append and the flat slot (page * P + offset) each new token is written to."""
     cases = []
-    for name, table, length in (("pages out of order: [5, 0, 7], 10 tokens (last page partly filled)", [5, 0, 7], 10),
-                                ("one page, 1 token", [3], 1),
-                                ("full pages: [8, 2], 8 tokens", [8, 2], 8),
-                                ("a page listed by two sequences is just read: [1, 1], 6 tokens", [1, 1], 6)):
-        cases.append(Case(name, (pages, table, length), expected=_paged_reference(pages, table, length), compare="equal"))
+    for name, args in (
+        ("3 tokens into a fresh sequence, pages of 4", ([], 0, 3, 4, [7, 2, 5], False)),
+        ("a chunk of 9 from position 6 crosses two page boundaries", ([4, 1], 6, 9, 4, [0, 6, 3, 2], False)),
+        ("the chunk ends exactly at a page boundary", ([3], 2, 6, 4, [1, 5, 0], False)),
+        ("the last page is shared after a fork: copy-on-write, then a new page", ([6, 2], 5, 5, 4, [4, 1, 0], True)),
+        ("a shared last page that is full is not copied", ([1, 3], 8, 2, 4, [5, 0], True)),
+        ("pages of 1 token", ([2], 1, 3, 1, [0, 4, 3, 5], False)),
+    ):
+        cases.append(Case(name, args, expected=_slot_reference(*args), compare="equal"))
     return cases
 
 
