@@ -18,9 +18,10 @@ passes (K, V, dK, dV) on. After W steps each dK, dV block has visited every rank
 single-process gradients.
 
 **Layouts.** ``"contiguous"``: rank r holds chunk r of W. Under a causal mask rank r then scores r + 1/2 blocks'
-worth of pairs and the last rank does about 2W - 1 times the work of the first. ``"zigzag"`` (striped, as in
-Megatron's context parallelism and zigzag ring attention): 2W chunks, rank r holds chunks r and 2W - 1 - r (one
-early, one late), and every rank scores the same number of pairs.
+worth of pairs and the last rank does about 2W - 1 times the work of the first. ``"zigzag"`` (as in Megatron's
+context parallelism and zigzag ring attention): 2W chunks, rank r holds chunks r and 2W - 1 - r (one early, one
+late), and every rank scores the same number of pairs. Striped Attention (Brandon et al. 2023) balances differently,
+giving token t to rank t mod W; it is not implemented here.
 
 **Ulysses** (Jacobs et al. 2023): one all-to-all turns "my block of the sequence, all heads" into "the
 whole sequence, H / W of the heads"; each rank runs ordinary attention on its heads; a second

@@ -1,7 +1,7 @@
 """Checks for chapter 11, long context in practice (solutions/11_long_context.ipynb).
 
 Expected values come from the package's reference implementations (block_sparse.tile_states, the paged cache,
-chapter 08's merge, ring_bytes_per_rank, the scheduler) or from dense attention over the same pairs, never
+chapter 08's merge, paged_attention, ring_bytes_per_rank, the scheduler) or from dense attention over the same pairs, never
 from a copy of a solution.
 """
 
@@ -11,10 +11,9 @@ import torch
 
 from attncourse.block_sparse import tile_states
 from attncourse.online_softmax import AttentionState, finalize_attention_state, merge_attention_states
-from attncourse.paged_cache import PagedKVCache
+from attncourse.paged_cache import PagedKVCache, paged_attention
 from attncourse.ring import ring_bytes_per_rank
 from attncourse.scheduler import random_workload, simulate
-from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
 # The configuration of the prediction: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
@@ -33,9 +32,8 @@ def _shortcut_tile_states(mask, block_q, block_k):
           forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map",
                   "torch.nn.attention.flex_attention.create_block_mask"),
           shortcuts=(_shortcut_tile_states,),
-          hint="pad the mask up to whole tiles with pairs that count neither as allowed nor as missing, then count "
-               "the allowed pairs of each tile and compare the count with zero and with the number of real pairs "
-               "the tile holds (tiles on the last row or column are smaller)")
+          hint="test a mask whose sides are not multiples of the tile sizes: what state should a small corner tile "
+               "get when every pair it really holds is allowed?")
 def _tile_states_cases():
     """From a dense boolean mask, the state of every (block_q x block_k) tile: 0 empty, 1 partial, 2 full."""
     gen = torch.Generator().manual_seed(11)
@@ -57,33 +55,46 @@ def _tile_states_cases():
     return cases
 
 
-# ----------------------------------------------------------------------------- 2. the block-table lookup
+# ----------------------------------------------------------------------------- 2. the slot mapping of an append
 
 
-def _paged_reference(pages: torch.Tensor, block_table: list[int], length: int) -> torch.Tensor:
-    cache = PagedKVCache(pages.shape[0], pages.shape[2], pages.shape[1], pages.shape[3], dtype=pages.dtype)
-    cache.k_pages = pages
+def _slot_reference(block_table, length, n_new, page_size, free_pages, last_page_shared):
+    """The package's PagedKVCache.append on a pool in this state; returns (new block table, flat slots)."""
+    n_pages = max([*block_table, *free_pages, 0]) + 2  # the page after the last is the sibling's shared copy
+    cache = PagedKVCache(n_pages, page_size, 1, 1, dtype=torch.float64)
     seq = cache.add_sequence()
     cache.block_tables[seq], cache.lengths[seq] = list(block_table), length
-    return cache.gather(seq)[0]
+    cache.free_pages = list(free_pages)
+    cache.refcount = [0] * n_pages
+    for page in block_table:
+        cache.refcount[page] = 1
+    if last_page_shared and block_table:
+        cache.refcount[block_table[-1]] = 2  # a forked sibling still lists it
+    zeros = torch.zeros(1, n_new, 1, dtype=torch.float64)
+    cache.append(seq, zeros, zeros)
+    slots = [cache.slot(seq, t) for t in range(length, length + n_new)]
+    return (torch.tensor(cache.block_tables[seq], dtype=torch.long),
+            torch.tensor([page * page_size + offset for page, offset in slots], dtype=torch.long))
 
 
-@exercise("11-block-table", "read_sequence", points=2, category="implement",
-          forbid=("attncourse.paged_cache.PagedKVCache.gather",),
-          shortcuts=(_paged_reference,),
-          hint="a token's position tells you two things: which entry of the block table names its page, and where "
-               "inside that page it sits. Either loop over the positions, or take whole pages in table order, put "
-               "the page axis next to the slot axis, merge the two and cut at the length")
-def _block_table():
-    """Read one sequence's keys (Hkv, L, D) out of a page pool through its block table."""
-    gen = torch.Generator().manual_seed(12)
-    pages = torch.randn(9, 2, 4, 3, generator=gen, dtype=torch.float64)  # (n_pages, Hkv, P, D)
+@exercise("11-slot-mapping", "slot_mapping", points=2, category="implement",
+          forbid=("attncourse.paged_cache.PagedKVCache.append", "attncourse.paged_cache.PagedKVCache.slot",
+                  "attncourse.paged_cache.PagedKVCache._allocate"),
+          shortcuts=(_slot_reference,),
+          hint="test an append that starts in the middle of a shared page and runs over two page boundaries: "
+               "which page does its first token land in, and which pages leave the free list, in what order?")
+def _slot_mapping():
+    """The block table after a chunked append and the flat slot (page * P + offset) each new token is written to."""
     cases = []
-    for name, table, length in (("pages out of order: [5, 0, 7], 10 tokens (last page partly filled)", [5, 0, 7], 10),
-                                ("one page, 1 token", [3], 1),
-                                ("full pages: [8, 2], 8 tokens", [8, 2], 8),
-                                ("a page listed by two sequences is just read: [1, 1], 6 tokens", [1, 1], 6)):
-        cases.append(Case(name, (pages, table, length), expected=_paged_reference(pages, table, length), compare="equal"))
+    for name, args in (
+        ("3 tokens into a fresh sequence, pages of 4", ([], 0, 3, 4, [7, 2, 5], False)),
+        ("a chunk of 9 from position 6 crosses two page boundaries", ([4, 1], 6, 9, 4, [0, 6, 3, 2], False)),
+        ("the chunk ends exactly at a page boundary", ([3], 2, 6, 4, [1, 5, 0], False)),
+        ("the last page is shared after a fork: copy-on-write, then a new page", ([6, 2], 5, 5, 4, [4, 1, 0], True)),
+        ("a shared last page that is full is not copied", ([1, 3], 8, 2, 4, [5, 0], True)),
+        ("pages of 1 token", ([2], 1, 3, 1, [0, 4, 3, 5], False)),
+    ):
+        cases.append(Case(name, args, expected=_slot_reference(*args), compare="equal"))
     return cases
 
 
@@ -91,7 +102,7 @@ def _block_table():
 
 
 def _merge_reference(out_a, lse_a, out_b, lse_b):
-    a = AttentionState(lse_a, torch.ones_like(lse_a), out_a)  # a normalised output is acc / l with l = 1 at m = lse
+    a = AttentionState(lse_a, torch.ones_like(lse_a), out_a)  # chapter 08's state, built from the partial
     b = AttentionState(lse_b, torch.ones_like(lse_b), out_b)
     return finalize_attention_state(merge_attention_states(a, b))
 
@@ -128,35 +139,35 @@ def _merge_ranks():
 
 
 def paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes):
-    """Dense reference: gather the sequence, add ALiBi's bias on absolute positions, attend (float64)."""
-    page = k_pages.shape[2]
-    rows = [(block_table[t // page], t % page) for t in range(length)]
-    k = torch.stack([k_pages[p, :, o] for p, o in rows], dim=1).double()  # (H, L, D)
-    v = torch.stack([v_pages[p, :, o] for p, o in rows], dim=1).double()
-    distance = (length - 1) - torch.arange(length, dtype=torch.float64)  # (L,) query at the last position
-    bias = -slopes.double()[:, None, None] * distance  # (H, 1, L)
-    return scaled_dot_product_attention(query.double()[:, None], k, v, bias)[:, 0].to(query.dtype)  # (H, D)
+    """The package's paged decode (one sequence, one query token at position length - 1), in float64."""
+    n_pages, hkv, page, d = k_pages.shape
+    cache = PagedKVCache(n_pages, page, hkv, d, dtype=torch.float64)
+    cache.k_pages, cache.v_pages = k_pages.double(), v_pages.double()
+    seq = cache.add_sequence()
+    cache.block_tables[seq], cache.lengths[seq] = list(block_table), length
+    out = paged_attention(query.double()[None, :, None], cache, [seq], alibi_slopes=slopes.double())
+    return out[0, :, 0].to(query.dtype)  # (H, D)
 
 
 @exercise("11-paged-alibi-bug", "paged_alibi_decode_fixed", points=2, category="bug",
           forbid=("attncourse.paged_cache.paged_attention", "attncourse.paged_cache.PagedKVCache.gather",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          bug_words=("within the page", "within its page", "in-page", "page-local", "local offset", "offset inside",
-                     "relative to the page", "slot index"),
-          hint="test sequences that fill more than one page, and compare the bias each key receives with its distance "
-               "from the query as chapter 06 defined it: what position does a key on the third page have?")
+          bug_words=("modulo", "h % hkv", "% hkv", "// group", "consecutive query heads", "adjacent query heads"),
+          hint="test more query heads than KV heads with more than one KV head (say 4 over 2), and compare each "
+               "query head's output with dense attention over its own group's keys: which heads come out wrong?")
 def _paged_alibi_cases():
-    """Find and fix the bug in a paged decode step with ALiBi."""
+    """Find and fix the bug in a paged decode step with ALiBi and grouped-query attention."""
     gen = torch.Generator().manual_seed(14)
     cases = []
-    for name, (n_pages, heads, page, d, table, length) in {
-        "one page, 3 tokens": (4, 2, 4, 8, [2], 3),
-        "two pages in order, 7 tokens": (4, 2, 4, 8, [0, 1], 7),
-        "three pages out of order, 10 tokens": (6, 4, 4, 8, [5, 0, 3], 10),
-        "pages of 2, 9 tokens, 8 heads": (8, 8, 2, 4, [7, 1, 6, 2, 4], 9),
+    for name, (n_pages, heads, n_kv, page, d, table, length) in {
+        "one page, 3 tokens, 2 heads over 2 KV heads": (4, 2, 2, 4, 8, [2], 3),
+        "two pages in order, 7 tokens, 4 heads over 1 KV head": (4, 4, 1, 4, 8, [0, 1], 7),
+        "three pages out of order, 10 tokens, 4 heads over 2 KV heads": (6, 4, 2, 4, 8, [5, 0, 3], 10),
+        "pages of 2, 9 tokens, 8 heads over 2 KV heads": (8, 8, 2, 2, 4, [7, 1, 6, 2, 4], 9),
+        "pages of 3, 8 tokens, 6 heads over 3 KV heads": (5, 6, 3, 3, 4, [4, 0, 2], 8),
     }.items():
-        kp = torch.randn(n_pages, heads, page, d, generator=gen, dtype=torch.float64)
-        vp = torch.randn(n_pages, heads, page, d, generator=gen, dtype=torch.float64)
+        kp = torch.randn(n_pages, n_kv, page, d, generator=gen, dtype=torch.float64)
+        vp = torch.randn(n_pages, n_kv, page, d, generator=gen, dtype=torch.float64)
         q = torch.randn(heads, d, generator=gen, dtype=torch.float64)
         slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], dtype=torch.float64)
         cases.append(Case(name, (q, kp, vp, table, length, slopes),
@@ -167,38 +178,48 @@ def _paged_alibi_cases():
 # ----------------------------------------------------------------------------- 5. predict the ring's bytes
 
 
+def ring_backward_bytes(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
+    """Bytes one rank sends in ring_attention's backward ring (RingAttentionFunction.backward), gradients in the
+    inputs' dtype: W - 1 exchanges of the travelling (K, V, dK, dV) block, then one of (dK, dV) alone."""
+    per_kv_pair = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)
+    block = per_kv_pair // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
+    return (4 * (world_size - 1) + 2) * block
+
+
 @exercise("11-ring-bytes", "ring_prediction", kind="value", points=1, category="predict",
-          parts=("bytes one ring step sends", "bytes one rank sends in the whole pass"),
-          hint="a step passes on one block of keys and one block of values, each holding the rank's share of the "
-               "positions for every KV head and head dimension at two bytes each. How many of the W steps send "
-               "something, once the last block received is never passed on?")
+          parts=("bytes one rank sends in the backward ring", "bytes one rank sends in the forward and backward rings"),
+          hint="test your count on two ranks by following one rank's sends through the backward loop step by step, "
+               "then see what changes at the last step")
 def _ring_bytes():
-    """Predict (bytes per ring step, bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16."""
-    total = ring_bytes_per_rank(**RING_CONFIG)
-    return [Case("(bytes per step, bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16",
-                 expected=(total // (RING_CONFIG["world_size"] - 1), total), compare="equal")]
+    """Predict (backward bytes per rank, forward + backward bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bf16."""
+    backward = ring_backward_bytes(**RING_CONFIG)
+    return [Case("(backward, forward + backward) bytes per rank for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16",
+                 expected=(backward, backward + ring_bytes_per_rank(**RING_CONFIG)), compare="equal")]
 
 
 # ----------------------------------------------------------------------------- 6. experiment: chunked prefill
 
 
-CHUNK_EXPERIMENT = dict(n_requests=24, rate=12.0, budget=512)
+CHUNK_EXPERIMENT = dict(n_requests=24, rate=12.0, budgets=(32, 64, 128, 256, 512, 1024, 2048, 4096), floor=0.99)
 
 
-def chunking_reference(seed: int) -> torch.Tensor:
-    """[max time between tokens without chunking, with chunking (s); throughput without, with (tokens/s)]."""
+def budget_reference(seed: int) -> torch.Tensor:
+    """[smallest budget of the grid keeping 99 % of the whole-prompt throughput, that throughput ratio, its max TBT (s)]."""
     e = CHUNK_EXPERIMENT
     requests = random_workload(seed, e["n_requests"], rate=e["rate"])
-    plain = simulate(requests, token_budget=4096, chunked=False)
-    chunked = simulate(requests, token_budget=e["budget"], chunked=True)
-    return torch.tensor([max(plain.tbt), max(chunked.tbt), plain.throughput, chunked.throughput], dtype=torch.float64)
+    whole = simulate(requests, token_budget=4096, chunked=False)
+    for budget in e["budgets"]:
+        run = simulate(requests, token_budget=budget, chunked=True)
+        if run.throughput >= e["floor"] * whole.throughput:
+            return torch.tensor([budget, run.throughput / whole.throughput, max(run.tbt)], dtype=torch.float64)
+    return torch.tensor([float("nan")] * 3, dtype=torch.float64)
 
 
-@exercise("11-chunking-experiment", "chunking_effect", points=2, category="experiment",
-          hint="draw the workload for the seed with the workload generator and the sizes given, serve the same "
-               "requests twice (whole prompts with a budget of 4096, then chunks with a budget of 512) and read "
-               "the longest gap between two tokens and the throughput of each run")
+@exercise("11-chunking-experiment", "smallest_budget", points=2, category="experiment",
+          hint="a budget too small pays the weight read on every step for too few tokens; compare every budget "
+               "with the same whole-prompt run of the same requests, and watch whether the answer is the same "
+               "budget for every seed")
 def _chunking_cases():
-    """Does chunking the prefill help the running decodes, and what does it cost? Three seeds."""
-    return [Case(f"seed {seed}", (seed,), expected=chunking_reference(seed), rtol=1e-9, atol=1e-12)
-            for seed in (0, 1, 2)]
+    """The smallest chunk budget that keeps 99 % of the whole-prompt throughput, and what it buys. Five seeds."""
+    return [Case(f"seed {seed}", (seed,), expected=budget_reference(seed), rtol=1e-9, atol=1e-12)
+            for seed in (0, 1, 2, 3, 4)]
