@@ -157,7 +157,8 @@ def seed_spread(x: Sequence[float], runs: Mapping[str, Sequence[Sequence[float]]
         if arr.shape[1] != len(x):
             raise ValueError(f"runs[{name!r}] has rows of {arr.shape[1]} values for {len(x)} x positions")
         colour, mark = OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]
-        ax.fill_between(x, arr.min(0), arr.max(0), color=colour, alpha=0.18, lw=0)
+        if len(arr) > 1:  # one seed has no spread to show
+            ax.fill_between(x, arr.min(0), arr.max(0), color=colour, alpha=0.18, lw=0)
         for row in arr:
             ax.plot(x, row, ls="none", marker=mark, ms=3, color=colour, alpha=0.45)
         ax.plot(x, arr.mean(0), marker=mark, ms=6, color=colour, ls=("-", "--", "-.", ":")[i % 4],

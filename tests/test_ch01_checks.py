@@ -36,10 +36,16 @@ def test_padding_mask_refuses_nan_rows():
         checks.check("01-padding-mask", nan_on_empty_rows)
 
 
-def test_query_influence_tells_tanh_from_no_tanh():
-    def ignores_the_flag(queries, keys, W_q, W_k, v, use_tanh):
-        w = torch.softmax(torch.tanh(queries @ W_q.T + (keys @ W_k.T)[:, None]) @ v, dim=0)  # (T, N)
-        return float((w.amax(1) - w.amin(1)).mean())
+def test_query_influence_tells_the_variants_apart():
+    from attncourse.classroom.checks.ch01 import VARIANTS, _weight_spread
 
-    with pytest.raises(checks.CheckFailed, match="without tanh"):
-        checks.check("01-query-influence", ignores_the_flag)
+    def tanh_everywhere(queries, keys, W_q, W_k, v):  # every variant scored like the first: the check must notice
+        w = torch.softmax(torch.tanh((queries @ W_q.T)[:, None] + keys @ W_k.T) @ v, dim=-1)  # (N, T)
+        return tuple(_weight_spread(w) for _ in VARIANTS)
+
+    with pytest.raises(checks.CheckFailed, match="01-query-influence"):
+        checks.check("01-query-influence", tanh_everywhere)
+    expected = checks.get("01-query-influence").make_cases()[0].expected
+    spread = dict(zip(VARIANTS, expected))
+    assert spread["linear"] < 1e-12 and spread["separate"] < 1e-12  # a constant per query: the softmax ignores it
+    assert min(spread["tanh"], spread["relu"], spread["product"]) > 1e-3

@@ -8,8 +8,8 @@ from attncourse.classroom import checks
 
 
 def _buggy(query, keys, values, lengths):  # the exercise's code: the mask marks the padding, not the tokens
-    pad = torch.arange(keys.shape[1]) >= lengths[:, None]
-    return scaled_dot_product_attention(query.unsqueeze(1), keys, values, pad.unsqueeze(1), scale=1.0).squeeze(1)
+    mask = torch.arange(keys.shape[1]) >= lengths[:, None]
+    return scaled_dot_product_attention(query.unsqueeze(1), keys, values, mask.unsqueeze(1), scale=1.0).squeeze(1)
 
 
 def _fixed(query, keys, values, lengths):
@@ -35,10 +35,15 @@ def test_the_scaled_score_is_refused_as_wrong():
 
 
 def test_init_width_needs_both_halves_of_the_matrix():
-    def query_half_only(W, query_size, queries, keys):
-        return float((queries @ W[:, :query_size].T).pow(2).mean().sqrt())
+    def query_half_only(queries, keys, hidden_size, seed):  # ignores the keys' part of each tanh input
+        from attncourse.classroom.checks.ch02 import initial_weights
+
+        dq, dk = queries.shape[1], keys.shape[2]
+        rms = [float((queries @ initial_weights(s, seed, dq, dk, hidden_size)[:, :dq].T).pow(2).mean().sqrt())
+               for s in ("additive", "concat")]
+        return rms[0] / rms[1]
 
     with pytest.raises(checks.CheckFailed, match="02-init-width"):
         checks.check("02-init-width", query_half_only)
     counts = checks.get("02-parameter-counts").make_cases()[0].expected
-    assert counts["dot"] is None and counts["concat"] == counts["additive"] > counts["general"] > 0
+    assert counts["dot"] is None and counts["additive"] == counts["concat"] + 32 and counts["general"] == 64 * 48 + 64

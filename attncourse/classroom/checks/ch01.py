@@ -164,33 +164,44 @@ def _predict_shapes():
 
 # ----------------------------------------------------------------------------- 5. experiment: why the tanh
 
-
-def query_influence_reference(queries, keys, W_q, W_k, v, use_tanh):
-    """For N queries against one sequence's T keys: per source position, the largest minus the smallest weight
-    the N queries give it, averaged over the positions (0 when the weights ignore the query)."""
-    hidden = queries @ W_q.T + (keys @ W_k.T)[:, None]  # (T, 1, A) + (N, A) -> (T, N, A)
-    scores = (torch.tanh(hidden) if use_tanh else hidden) @ v  # (T, N)
-    weights = torch.softmax(scores, dim=0)  # over the T positions, one distribution per query
-    return float((weights.amax(1) - weights.amin(1)).mean())
+VARIANTS = ("tanh", "linear", "relu", "separate", "product")
 
 
-@exercise("01-query-influence", "query_influence", points=2, category="experiment",
-          hint="score every query against every key (a T by N table), once with the squashing and once without; "
-               "normalise over the positions for each query; then, position by position, how far apart are the "
-               "weights different queries give it?")
+def _weight_spread(weights: torch.Tensor) -> float:
+    """weights (N, T), one distribution per query: per position the largest minus the smallest weight the N queries
+    give it, averaged over the positions (0 when the weights ignore the query)."""
+    return float((weights.amax(0) - weights.amin(0)).mean())
+
+
+def variant_influence_reference(queries, keys, W_q, W_k, v):
+    """The weight spread of N queries against one sequence's T keys, for each score variant of VARIANTS."""
+    q, k = queries @ W_q.T, keys @ W_k.T  # (N, A), (T, A)
+    hidden = q[:, None] + k  # (N, 1, A) + (T, A) -> (N, T, A)
+    scores = {
+        "tanh": torch.tanh(hidden) @ v,  # v^T tanh(W_q s + W_k h_j)
+        "linear": hidden @ v,  # v^T (W_q s + W_k h_j)
+        "relu": torch.relu(hidden) @ v,  # v^T relu(W_q s + W_k h_j)
+        "separate": (torch.tanh(q) @ v)[:, None] + torch.tanh(k) @ v,  # v^T tanh(W_q s) + v^T tanh(W_k h_j)
+        "product": (q[:, None] * k) @ v,  # v^T (W_q s * W_k h_j), elementwise
+    }
+    return tuple(_weight_spread(torch.softmax(scores[name], dim=-1)) for name in VARIANTS)  # over the T positions
+
+
+@exercise("01-query-influence", "variant_influence", points=2, category="experiment",
+          hint="build each variant's (N, T) table of scores from the two projections, computed once; a softmax over "
+               "the positions turns each query's row into its weights, and the given spread function measures them. "
+               "Return the five numbers in the order asked")
 def _query_influence():
-    """Does the decoder state change the weights? Measured with and without the tanh, over seeds."""
+    """Which score variants let the decoder state change the weights? Measured over seeds and sizes."""
     cases = []
-    for seed, (n, t, d, a, use_tanh) in enumerate(
-            [(50, 7, 8, 6, True), (50, 7, 8, 6, False), (40, 12, 16, 10, True), (40, 12, 16, 10, False),
-             (30, 5, 4, 3, True)]):
+    for seed, (n, t, d, a) in enumerate([(50, 7, 8, 6), (40, 12, 16, 10), (30, 5, 4, 3), (60, 9, 12, 8)]):
         gen = torch.Generator().manual_seed(100 + seed)
         queries = torch.randn(n, d, generator=gen, dtype=torch.float64)
         keys = torch.randn(t, d, generator=gen, dtype=torch.float64)
-        w_q = torch.randn(a, d, generator=gen, dtype=torch.float64)
-        w_k = torch.randn(a, d, generator=gen, dtype=torch.float64)
+        w_q = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
+        w_k = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
         v = torch.randn(a, generator=gen, dtype=torch.float64)
-        args = (queries, keys, w_q, w_k, v, use_tanh)
-        name = f"seed {100 + seed}: N={n} queries, T={t}, {'with' if use_tanh else 'without'} tanh"
-        cases.append(Case(name, args, expected=query_influence_reference(*args), rtol=1e-6, atol=1e-9))
+        args = (queries, keys, w_q, w_k, v)
+        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; influence of {', '.join(VARIANTS)}"
+        cases.append(Case(name, args, expected=variant_influence_reference(*args), rtol=1e-6, atol=1e-9))
     return cases

@@ -70,22 +70,29 @@ def _general():
 SIZES = dict(query_size=64, key_size=48, hidden_size=32)
 
 
+def count_with_biases(module: torch.nn.Module) -> int:
+    """Parameters of `module` if every one of its nn.Linear layers had a bias (one per output feature)."""
+    return sum(layer.weight.numel() + layer.out_features for layer in module.modules()
+               if isinstance(layer, torch.nn.Linear))
+
+
 @exercise("02-parameter-counts", "parameter_counts", kind="value", points=1, category="predict",
-          hint="count every entry of every matrix and vector each score owns (none has a bias); the two scores "
-               "built on a tanh layer own the same kinds of weights, arranged differently. And can every score be "
-               "built when the query and the keys have different sizes?")
+          hint="count every entry of every matrix and vector each score owns, then one bias entry per output of each "
+               "of its layers: how many layers does each score have, and how many outputs each? Concat and additive "
+               "own the same weights arranged differently, but not the same layers. And can every score be built "
+               "when the query and the keys have different sizes?")
 def _counts():
-    """Parameters of each score for a query of 64, keys of 48 and a tanh layer of 32 (None: cannot be built)."""
+    """Parameters of each score, every layer with a bias, for a query of 64, keys of 48 and a tanh layer of 32."""
     dq, dk, a = SIZES["query_size"], SIZES["key_size"], SIZES["hidden_size"]
     counted = {
         "dot": None,  # Dq != Dk: LuongAttention refuses to build it
-        "general": sum(p.numel() for p in LuongAttention(dq, dk, "general").parameters()),
-        "concat": sum(p.numel() for p in LuongAttention(dq, dk, "concat", hidden_size=a).parameters()),
-        "additive": sum(p.numel() for p in AdditiveAttention(dq, dk, a).parameters()),
+        "general": count_with_biases(LuongAttention(dq, dk, "general")),
+        "concat": count_with_biases(LuongAttention(dq, dk, "concat", hidden_size=a)),
+        "additive": count_with_biases(AdditiveAttention(dq, dk, a)),
     }
-    assert counted["general"] == score_parameter_count("general", dq, dk)
-    assert counted["concat"] == counted["additive"] == score_parameter_count("additive", dq, dk, a)
-    return [Case("parameter counts by score", expected=counted, compare="equal")]
+    assert counted["general"] == score_parameter_count("general", dq, dk) + dq  # W h + b, b of size Dq
+    assert counted["additive"] == counted["concat"] + a  # one more bias vector of size A
+    return [Case("parameter counts by score, with biases", expected=counted, compare="equal")]
 
 
 # ----------------------------------------------------------------------------- 3. bug: a padded batch
@@ -105,9 +112,9 @@ def reference_dot_attention(query, keys, values, lengths):
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
           bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
                      "blocked", "True = padding"),
-          hint="run the given function on a batch whose rows have different lengths and print the weights: where "
-               "does the weight go in a short row, and what happens to a row without padding? Then read the course's "
-               "mask convention again")
+          hint="run the given function on a batch whose rows have different lengths, with zeros at the padded "
+               "positions, and look at each row's context: what comes out for a short row, and what for a row that "
+               "has no padding at all? Which positions did each row's query actually read?")
 def _find_the_bug():
     """Fix a dot attention over a padded batch: it runs, its shapes are right, its contexts are wrong."""
     gen = torch.Generator().manual_seed(22)
@@ -129,36 +136,44 @@ def _find_the_bug():
 # ----------------------------------------------------------------------------- 4. experiment: initialisation width
 
 
-def tanh_input_rms_reference(W, query_size, queries, keys):
+def _tanh_input_rms(W: torch.Tensor, query_size: int, queries: torch.Tensor, keys: torch.Tensor) -> float:
     """Root mean square of the tanh layer's input W [s; h] = W_s s + W_h h over every (query, key) pair."""
     w_s, w_h = W[:, :query_size], W[:, query_size:]  # (A, Dq), (A, Dk)
     hidden = (queries @ w_s.T)[:, None] + keys @ w_h.T  # (N, 1, A) + (N, T, A) -> (N, T, A)
     return float(hidden.pow(2).mean().sqrt())
 
 
-def initial_weights(score: str, seed: int, size: int = 64, hidden: int = 32) -> torch.Tensor:
-    """The (A, Dq + Dk) tanh-layer matrix of a freshly initialised concat or additive score (float64)."""
+def initial_weights(score: str, seed: int, query_size: int, key_size: int, hidden: int) -> torch.Tensor:
+    """The (A, Dq + Dk) tanh-layer matrix of a concat or additive score built right after torch.manual_seed(seed)."""
     with torch.random.fork_rng():  # leave the caller's generator alone
         torch.manual_seed(seed)
         if score == "concat":
-            return LuongAttention(size, size, "concat", hidden_size=hidden).W.weight.detach().double()
-        additive = AdditiveAttention(size, size, hidden)
+            return LuongAttention(query_size, key_size, "concat", hidden_size=hidden).W.weight.detach().double()
+        additive = AdditiveAttention(query_size, key_size, hidden)
         return torch.cat([additive.query_proj.weight, additive.key_proj.weight], dim=1).detach().double()
 
 
-@exercise("02-init-width", "tanh_input_rms", points=2, category="experiment",
-          hint="split the matrix into the columns that meet the query and those that meet the keys; pair every "
-               "query with each of its T keys by broadcasting, as the additive score does; then take the root "
-               "mean square of every entry of the result")
+def init_width_ratio_reference(queries, keys, hidden_size, seed):
+    """RMS of additive's tanh input over RMS of concat's, both freshly initialised from `seed`."""
+    dq, dk = queries.shape[1], keys.shape[2]
+    rms = {score: _tanh_input_rms(initial_weights(score, seed, dq, dk, hidden_size), dq, queries, keys)
+           for score in ("additive", "concat")}
+    return rms["additive"] / rms["concat"]
+
+
+@exercise("02-init-width", "init_width_ratio", points=2, category="experiment",
+          hint="seed, build one module, read its weights; seed again, build the other. Each tanh input is the "
+               "query's part plus the key's part: pair every query with each of its T keys by broadcasting, take "
+               "the root mean square over every entry for each module, and divide")
 def _init_width():
-    """Concat and additive are one function: how wide is the tanh's input of each, freshly initialised?"""
+    """Concat and additive are one function: how much wider does additive's tanh input start, freshly initialised?"""
     cases = []
-    for score in ("concat", "additive"):
+    for dq, dk, sq, sk in ((64, 64, 1.0, 1.0), (64, 16, 1.0, 0.2), (64, 16, 0.2, 1.0)):
         for seed in (0, 1, 2):
             gen = torch.Generator().manual_seed(200 + seed)
-            queries = torch.rand(64, 64, generator=gen, dtype=torch.float64) * 2 - 1  # (N, Dq) in (-1, 1), like GRU states
-            keys = torch.rand(64, 9, 64, generator=gen, dtype=torch.float64) * 2 - 1  # (N, T, Dk)
-            args = (initial_weights(score, seed), 64, queries, keys)
-            cases.append(Case(f"{score}, seed {seed}", args, expected=tanh_input_rms_reference(*args),
-                              rtol=1e-6, atol=1e-9))
+            queries = torch.randn(64, dq, generator=gen, dtype=torch.float64) * sq  # (N, Dq)
+            keys = torch.randn(64, 9, dk, generator=gen, dtype=torch.float64) * sk  # (N, T, Dk)
+            args = (queries, keys, 32, seed)
+            cases.append(Case(f"Dq={dq}, Dk={dk}, query spread {sq}, key spread {sk}, seed {seed}", args,
+                              expected=init_width_ratio_reference(*args), rtol=1e-6, atol=1e-9))
     return cases
