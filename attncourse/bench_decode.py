@@ -43,13 +43,39 @@ def time_per_token(model: GPT, context_len: int, n_new: int = 8, *, use_cache: b
 
 
 def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3) -> dict[int, tuple]:
-    """{length: (seconds/token without cache, with cache, speed-up)} for each context length."""
+    """{length: (seconds/token without cache, with cache, speed-up)} for each context length: the median of
+    `repeats` runs, the cached and uncached runs alternating so that a change in the machine's load hits both."""
+    _validate.positive_int("repeats", repeats)
+    runs = {length: ([], []) for length in lengths}
+    for _ in range(repeats):
+        for length in lengths:
+            runs[length][0].append(time_per_token(model, length, n_new, use_cache=False, repeats=1))
+            runs[length][1].append(time_per_token(model, length, n_new, use_cache=True, repeats=1))
     out = {}
-    for length in lengths:
-        slow = time_per_token(model, length, n_new, use_cache=False, repeats=repeats)
-        fast = time_per_token(model, length, n_new, use_cache=True, repeats=repeats)
+    for length, (slow, fast) in runs.items():
+        slow, fast = float(torch.tensor(slow).median()), float(torch.tensor(fast).median())
         out[length] = (slow, fast, slow / fast)
     return out
+
+
+@torch.no_grad()
+def cached_step_seconds(model: GPT, context_len: int, repeats: int = 15, batch_size: int = 1) -> float:
+    """Median seconds of one cached decode step (one new token against `context_len` or more cached keys)."""
+    for name, v in (("context_len", context_len), ("repeats", repeats), ("batch_size", batch_size)):
+        _validate.positive_int(name, v)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context_len), generator=gen)
+    caches = model.new_caches(batch_size, context_len + repeats + 1)
+    logits = model(prompt, caches)  # prefill, not timed
+    nxt = logits[:, -1:].argmax(-1)  # (B, 1)
+    model(nxt, caches)  # warm-up step
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        logits = model(nxt, caches)  # (B, 1, V)
+        times.append(time.perf_counter() - start)
+        nxt = logits[:, -1:].argmax(-1)
+    return float(torch.tensor(times).median())
 
 
 @torch.no_grad()

@@ -52,3 +52,19 @@ def test_bad_input():
         roofline_points(WeightStack(d_model=8, n_layers=1), [0])
     with pytest.raises(ValueError, match="mib"):
         measure_bandwidth(mib=-1)
+
+
+def test_cached_step_and_speedups_are_positive_medians():
+    from attncourse.bench_decode import cached_step_seconds, decode_speedups
+    from attncourse.gpt import GPT, GPTConfig
+    m = GPT(GPTConfig(vocab_size=11, block_size=32, d_model=16, n_heads=2, n_layers=1)).eval()
+    step = cached_step_seconds(m, context_len=8, repeats=3)
+    assert 0 < step < 1 and torch.is_grad_enabled()  # grad mode restored after the decorator
+    table = decode_speedups(m, [4, 9], n_new=2, repeats=3)
+    assert set(table) == {4, 9}
+    for slow, fast, ratio in table.values():
+        assert slow > 0 and fast > 0 and math.isclose(ratio, slow / fast)
+    with pytest.raises(ValueError, match="context_len"):
+        cached_step_seconds(m, context_len=0)
+    with pytest.raises(ValueError, match="repeats"):
+        decode_speedups(m, [4], repeats=0)

@@ -45,9 +45,8 @@ def _shortcut_cache_mask_masks(q_len, k_len, window=None):
 @exercise("07-cache-mask", "cache_mask", points=2, category="implement",
           forbid=_MASK_FUNCTIONS + ("torch.tril", "torch.triu", "torch.nn.attention.bias.causal_lower_right"),
           shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks),
-          hint="the new queries are the last ones of the keys' positions: first give each query its absolute "
-               "position, then compare a column of query positions with a row of key positions (broadcasting), "
-               "once for the future and once for the window's far edge")
+          hint="the lesson's section 2 shows where the new queries sit among the keys; a window adds one more "
+               "condition on the same query-key distances")
 def _cache_mask_cases():
     """The (Tq, Tk) mask of a chunk of new queries after a KV cache, with an optional sliding window."""
     cases = []
@@ -116,8 +115,8 @@ def _decode_reference(state: dict, x: torch.Tensor) -> torch.Tensor:
 
 @exercise("07-decode-bug", "decode_fixed", points=2, category="bug",
           bug_words=("offset", "position zero", "same position for every", "always at position"),
-          hint="print what the full forward adds to the token at time t and what the loop adds to it; "
-               "they agree at t of zero only")
+          hint="for a few steps t, print what the loop adds to the input of step t next to what the full forward "
+               "adds to the same token")
 def _decode_bug():
     """Fix a token-by-token decode loop that disagrees with the full forward."""
     gen = torch.Generator().manual_seed(71)
@@ -143,8 +142,8 @@ def _visible_to_next(pos: torch.Tensor, n_sink: int, window: int) -> torch.Tenso
 @exercise("07-sink-eviction", "sink_window_keep", points=2, category="implement",
           forbid=_MASK_FUNCTIONS + ("attncourse.kv_cache.SinkWindowCache",),
           shortcuts=(_visible_to_next,),
-          hint="the next query sits one past the newest key; a key stays if that query can still see it, either "
-               "as one of the first n_sink tokens or because it is still inside that query's window")
+          hint="work out from the lesson's section 5 which keys the next query may attend to, then ask whether any "
+               "later query could see a key that the next one cannot")
 def _evict():
     """Which cached positions a sink + window cache must keep after an update (bool (S,) mask)."""
     cases = []
@@ -162,34 +161,31 @@ def _evict():
 
 
 def _predictions() -> tuple[int, int, int]:
-    nbytes = KVCache(2, 2, 16, 128, dtype=torch.float32).nbytes  # one layer, preallocated for 128 positions
-    cache = SinkWindowCache(1, 1, 2, window=8, n_sink=4)
-    for _ in range(1000):
+    nbytes = KVCache(3, 2, 64, 100, dtype=torch.bfloat16).nbytes  # one GQA layer, bf16, preallocated for 100
+    cache = SinkWindowCache(1, 1, 2, window=4, n_sink=8)
+    for _ in range(5):  # fewer tokens than sinks
         cache.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
-    allowed = int(materialize(sliding_window(3), 10, 10).sum())
+    allowed = int(materialize(sliding_window(1), 6, 9).sum())
     return nbytes, len(cache), allowed
 
 
 @exercise("07-predict-sizes", "predicted_sizes", kind="value", points=1, category="predict",
-          parts=("KVCache bytes", "SinkWindowCache length after 1,000 tokens", "allowed pairs"),
-          hint="a preallocated cache holds keys and values for its whole capacity, four bytes each; between steps "
-               "a bounded cache keeps only what the next query needs besides the key it brings itself; count the "
-               "window's pairs row by row, the first rows are short")
+          parts=("KVCache bytes", "SinkWindowCache length with fewer tokens than sinks", "allowed pairs"),
+          hint="a preallocated cache holds keys and values for its whole capacity, at the size of its dtype; a "
+               "sink is kept forever once it has arrived; a window counts the query's own key")
 def _predict():
     """Predict a cache's bytes, a bounded cache's length, and a window mask's number of allowed pairs."""
-    return [Case("(KVCache bytes, SinkWindowCache length after 1000 tokens, allowed pairs)",
+    return [Case("(KVCache bytes, SinkWindowCache length, allowed pairs)",
                  expected=_predictions(), compare="equal")]
 
 
 # ----------------------------------------------------------------------------- 6. experiment
 
 
-def window_dropped_mass(seed: int, seq_len: int, window: int, slope: float, head_dim: int = 16) -> float:
-    """Reference: the mean over queries of the full-causal attention weight (ALiBi slope `slope`) that a
-    sliding window of `window` keys would drop, for random queries and keys drawn from `seed` (float64)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(seq_len, head_dim, generator=gen, dtype=torch.float64)  # (T, D)
-    k = torch.randn(seq_len, head_dim, generator=gen, dtype=torch.float64)  # (T, D)
+def window_dropped_mass(q: torch.Tensor, k: torch.Tensor, window: int, slope: float) -> float:
+    """Reference: the mean over the queries `q` (T, D) of the full-causal attention weight over the keys `k`
+    (T, D), with the ALiBi bias of slope `slope`, that a sliding window of `window` keys would drop."""
+    seq_len, head_dim = q.shape
     i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]  # (T, 1), (1, T)
     scores = q @ k.T / math.sqrt(head_dim) + slope * (j - i)  # (T, T): ALiBi bias slope * (j - i)
     weights = torch.softmax(scores.masked_fill(j > i, float("-inf")), dim=-1)  # (T, T) full causal
@@ -199,16 +195,17 @@ def window_dropped_mass(seed: int, seq_len: int, window: int, slope: float, head
 def _dropped_mass_cases():
     cases = []
     for seed in (0, 1, 2):
+        gen = torch.Generator().manual_seed(700 + seed)
         for t, w, m in ((64, 8, 0.0), (64, 8, 0.25), (64, 16, 1 / 64), (40, 4, 1 / 16)):
-            cases.append(Case(f"seed={seed}, T={t}, window={w}, slope={m:g}", (seed, t, w, m),
-                              expected=window_dropped_mass(seed, t, w, m), rtol=1e-6, atol=1e-9))
+            q, k = (torch.randn(t, 16, generator=gen, dtype=torch.float64) for _ in range(2))  # (T, 16) each
+            cases.append(Case(f"seed={seed}, T={t}, window={w}, slope={m:g}", (q, k, w, m),
+                              expected=window_dropped_mass(q, k, w, m), rtol=1e-6, atol=1e-9))
     return cases
 
 
 @exercise("07-window-dropped-mass", "dropped_mass", points=2, category="experiment",
-          hint="draw the queries and then the keys from one generator seeded as described, in float64; build the "
-               "full causal weights with the ALiBi bias, then add up, per query, the weight on keys the window "
-               "leaves out, and average over the queries")
+          hint="chapter 06 gives the ALiBi bias and the lesson's section 5 the window; the weights to add up are "
+               "those of full causal attention, on the keys the window would not let the query see")
 def _dropped_mass():
     """Measure how much full-causal attention a sliding window throws away, per ALiBi slope, over seeds."""
     return _dropped_mass_cases()
