@@ -80,12 +80,24 @@ MODEL_CONFIGS: tuple[ModelConfig, ...] = (
 )
 
 
+# Published models the lesson's table leaves out (chapter 05's exercises ask about them).
+OTHER_CONFIGS: tuple[ModelConfig, ...] = (
+    ModelConfig("Falcon-180B", 180e9, 80, 14848, 232, 8, 64, 2048,
+                "config.json of tiiuae/falcon-180B (hidden_size 14848, 232 heads, num_kv_heads 8, 80 layers); "
+                "Almazrouei et al. 2023, https://arxiv.org/abs/2311.16867"),
+    ModelConfig("LLaMA-3.1 405B", 405e9, 126, 16384, 128, 8, 128, 131072,
+                "Llama Team 2024, The Llama 3 Herd of Models, Table 3, https://arxiv.org/abs/2407.21783"),
+    ModelConfig("Gemma 7B", 8.54e9, 28, 3072, 16, 16, 256, 8192,
+                "Gemma Team 2024, Table 1 (16 heads and 16 KV heads of size 256), https://arxiv.org/abs/2403.08295"),
+)
+
+
 def model_config(name: str) -> ModelConfig:
-    """Look a config up by name, e.g. ``model_config("Mistral 7B")``."""
-    for cfg in MODEL_CONFIGS:
+    """Look a config up by name, e.g. ``model_config("Mistral 7B")`` (in MODEL_CONFIGS or OTHER_CONFIGS)."""
+    for cfg in MODEL_CONFIGS + OTHER_CONFIGS:
         if cfg.name == name:
             return cfg
-    raise ValueError(f"no model config named {name!r}; known: {[c.name for c in MODEL_CONFIGS]}")
+    raise ValueError(f"no model config named {name!r}; known: {[c.name for c in MODEL_CONFIGS + OTHER_CONFIGS]}")
 
 
 def mha_to_gqa(mha: MultiHeadAttention, n_kv_heads: int, method: str = "mean") -> MultiHeadAttention:

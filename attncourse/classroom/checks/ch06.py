@@ -13,8 +13,8 @@ from . import Case, exercise
 @exercise("06-slopes-bug", "alibi_slopes_fixed", points=2, category="bug",
           forbid=("attncourse.positions.alibi_slopes",),
           bug_words=("too few", "no slope", "missing slope", "without a slope"),
-          hint="compare the length of what it returns with the number of heads, for 12 heads say; Press et al. "
-               "say what to do for the heads a power of two does not cover")
+          hint="run it for head counts that are not powers of two and compare what comes back with what the "
+               "model needs; Press et al.'s get_slopes (ofirpress/attention_with_linear_biases) is the reference")
 def _slopes():
     """Fix the notes' ALiBi slope function so that it works for every head count."""
     return [Case(f"{h} heads", (h,), expected=alibi_slopes(h), rtol=1e-6, atol=1e-8)
