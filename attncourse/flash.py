@@ -32,6 +32,7 @@ import math
 import torch
 
 from . import _validate
+from .flash_io import ALIGNS, check_causal_options  # noqa: F401  (ALIGNS re-exported)
 from .flash_io import (Band, HBMTraffic, TrafficCounter, causal_block_counts, causal_tile_map,  # noqa: F401
                        check_int, check_qkv, flash_block_sizes, hbm_traffic_fa2, hbm_traffic_flash,
                        hbm_traffic_standard, theorem2_bound, tile_map)
@@ -42,7 +43,6 @@ __all__ = ["ALIGNS", "FlashAttentionFunction", "default_block_sizes", "flash_att
            "hbm_traffic_flash", "hbm_traffic_fa2", "flash_block_sizes", "theorem2_bound", "HBMTraffic", "Band",
            "TrafficCounter", "tile_map"]
 
-ALIGNS = ("top_left", "bottom_right")
 _NEG_INF = float("-inf")
 _LOG2E = 1.0 / math.log(2.0)  # scores are kept in base 2 inside the tiles: exp2 is about twice as fast as exp on CPU
 
@@ -65,15 +65,7 @@ def default_block_sizes(device: torch.device | str = "cpu", *, backward: bool = 
 
 def _check_options(query, key, is_causal, causal_align, window, scale, block_q, block_k, q_offset, k_offset):
     """Validate the options shared with chapter 10's kernel; return (Band, scale, block_q, block_k)."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if causal_align not in ALIGNS:
-        raise ValueError(f"causal_align must be one of {ALIGNS}, got {causal_align!r}")
-    if window is not None:
-        window = _validate.positive_int("window", window)
-        if not is_causal:
-            raise ValueError(f"window={window} needs is_causal=True (the window is the last `window` keys up to "
-                             f"the query's aligned position), got is_causal=False")
+    window = check_causal_options(is_causal, causal_align, window)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")

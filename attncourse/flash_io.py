@@ -23,7 +23,24 @@ import torch
 
 from . import _validate
 
-__all__ = ["Band", "HBMTraffic", "TrafficCounter", "causal_block_counts", "causal_tile_map", "check_int", "check_qkv",
+ALIGNS = ("top_left", "bottom_right")
+
+
+def check_causal_options(is_causal, causal_align: str, window: int | None) -> int | None:
+    """Validate the causal options shared by chapter 09's tiles and chapter 10's kernels; return the window."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if causal_align not in ALIGNS:
+        raise ValueError(f"causal_align must be one of {ALIGNS}, got {causal_align!r}")
+    if window is not None:
+        window = _validate.positive_int("window", window)
+        if not is_causal:
+            raise ValueError(f"window={window} needs is_causal=True (the window is the last `window` keys up to "
+                             f"the query's aligned position), got is_causal=False")
+    return window
+
+__all__ = ["ALIGNS", "Band", "HBMTraffic", "TrafficCounter", "causal_block_counts", "causal_tile_map", "check_causal_options",
+           "check_int", "check_qkv",
            "flash_block_sizes",
            "hbm_traffic_fa2", "hbm_traffic_flash", "hbm_traffic_standard", "theorem2_bound", "tile_map"]
 

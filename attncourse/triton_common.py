@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _validate
+from .flash_io import ALIGNS, check_causal_options  # noqa: F401  (ALIGNS re-exported)
 
 try:  # Triton is optional (Linux wheels only): everything below checks TRITON_AVAILABLE before use.
     import triton
@@ -35,7 +36,6 @@ TRITON_VERSION = triton.__version__ if TRITON_AVAILABLE else None
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634  # log2(e): kernels use exp2, so scores are scaled by scale * log2(e)
 MAX_HEAD_DIM = 256
-ALIGNS = ("top_left", "bottom_right")
 
 __all__ = ["ALIGNS", "TRITON_AVAILABLE", "TRITON_VERSION", "Problem", "block_d", "check_block", "check_inputs",
            "check_scale", "default_blocks", "enable_interpreter", "interpreted", "prepare", "require_triton",
@@ -273,15 +273,7 @@ def prepare(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_c
             block_k: int | None) -> Problem:
     """Validate the shared signature and return the :class:`Problem` the kernels run on."""
     check_inputs(query, key, value)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if causal_align not in ALIGNS:
-        raise ValueError(f"causal_align must be one of {ALIGNS}, got {causal_align!r}")
-    if window is not None:
-        window = _validate.positive_int("window", window)
-        if not is_causal:
-            raise ValueError(f"window={window} needs is_causal=True (the window is the last `window` keys up to "
-                             f"the query's aligned position), got is_causal=False")
+    window = check_causal_options(is_causal, causal_align, window)
     block_q = None if block_q is None else check_block("block_q", block_q)
     block_k = None if block_k is None else check_block("block_k", block_k)
     t_q, t_k = query.shape[-2], key.shape[-2]
