@@ -189,7 +189,8 @@ def sigmoid_cross_attention_reference(x, context, w_q, w_k, w_v, n_heads):
     b, tq, d_model = x.shape
     tk, d = context.shape[1], d_model // n_heads
     q = (x @ w_q).view(b, tq, n_heads, d).transpose(1, 2)  # (B, H, Tq, d)
-    k, v = ((context @ w).view(b, tk, n_heads, d).transpose(1, 2) for w in (w_k, w_v))  # (B, H, Tk, d)
+    k = (context @ w_k).view(b, tk, n_heads, d).transpose(1, 2)  # (B, H, Tk, d)
+    v = (context @ w_v).view(b, tk, n_heads, d).transpose(1, 2)  # (B, H, Tk, d)
     out = sigmoid_attention(q, k, v)  # (B, H, Tq, d)
     return out.transpose(1, 2).reshape(b, tq, d_model)
 
