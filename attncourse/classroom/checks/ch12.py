@@ -168,8 +168,8 @@ def _shortcut_unfold(images, p):
           forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold",
                   ),
           shortcuts=(_shortcut_patchify, _shortcut_unfold),
-          hint="split each image axis into (block index, offset inside the block), move the two block indices to "
-               "the front and the channel with the two offsets to the back, then flatten each group")
+          hint="no loop is needed: reshape can split an axis in two and permute can reorder axes; decide which "
+               "axes must sit next to each other for one patch to be contiguous")
 def _patchify():
     """Cut images (B, C, H, W) into flattened p x p patches (B, N, C p^2)."""
     gen = torch.Generator().manual_seed(124)
@@ -184,31 +184,35 @@ def _patchify():
 # ----------------------------------------------------------------------------- find the bug, ablation
 
 
-def sigmoid_self_attention_reference(x, w_q, w_k, w_v, n_heads, is_causal=False):
-    """Multi-head sigmoid self-attention of x (B, T, d_model) with weights (d_model, d_model), heads merged."""
-    b, t, d_model = x.shape
-    q, k, v = ((x @ w).view(b, t, n_heads, d_model // n_heads).transpose(1, 2) for w in (w_q, w_k, w_v))
-    out = sigmoid_attention(q, k, v, is_causal=is_causal)  # (B, H, T, D)
-    return out.transpose(1, 2).reshape(b, t, d_model)
+def sigmoid_cross_attention_reference(x, context, w_q, w_k, w_v, n_heads):
+    """Multi-head sigmoid attention of queries from x (B, Tq, d_model) over keys/values from context (B, Tk, d_model)."""
+    b, tq, d_model = x.shape
+    tk, d = context.shape[1], d_model // n_heads
+    q = (x @ w_q).view(b, tq, n_heads, d).transpose(1, 2)  # (B, H, Tq, d)
+    k = (context @ w_k).view(b, tk, n_heads, d).transpose(1, 2)  # (B, H, Tk, d)
+    v = (context @ w_v).view(b, tk, n_heads, d).transpose(1, 2)  # (B, H, Tk, d)
+    out = sigmoid_attention(q, k, v)  # (B, H, Tq, d)
+    return out.transpose(1, 2).reshape(b, tq, d_model)
 
 
-@exercise("12-sigmoid-bug", "sigmoid_self_attention_fixed", points=2, category="bug",
+@exercise("12-sigmoid-bug", "sigmoid_cross_attention_fixed", points=2, category="bug",
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
-          bug_words=("missing bias", "forgets the bias", "forgot the bias", "omits the bias", "without the bias",
-                     "drops the bias", "bias is missing", "no bias"),
-          hint="feed it inputs whose scores are all zero, for a short and a long sequence, and compare what a "
-               "row of weights adds up to with what the lesson says it should start near")
+          bug_words=("query length", "number of queries", "queries instead of", "query count", "length of x",
+                     "x's length", "instead of the context", "instead of the keys", "from the queries"),
+          hint="the first test only tried queries and keys of the same length; try a context longer or shorter "
+               "than x (a single query over a long context is the decode case) and compare each head with the "
+               "lesson's formula, or look at what a row of weights adds up to when all scores are 0")
 def _sigmoid_bug():
-    """Fix a multi-head sigmoid self-attention layer."""
+    """Fix a multi-head sigmoid cross-attention layer."""
     gen = torch.Generator().manual_seed(125)
     cases = []
-    for b, t, d_model, heads, causal in ((2, 5, 8, 2, False), (1, 16, 12, 3, True), (3, 33, 8, 1, False),
-                                         (2, 7, 16, 4, True)):
-        x = torch.randn(b, t, d_model, generator=gen, dtype=torch.float64)
+    for b, tq, tk, d_model, heads in ((2, 5, 5, 8, 2), (1, 1, 16, 12, 3), (3, 33, 7, 8, 1), (2, 4, 40, 16, 4)):
+        x = torch.randn(b, tq, d_model, generator=gen, dtype=torch.float64)
+        context = torch.randn(b, tk, d_model, generator=gen, dtype=torch.float64)
         ws = [torch.randn(d_model, d_model, generator=gen, dtype=torch.float64) / math.sqrt(d_model)
               for _ in range(3)]
-        cases.append(Case(f"x {tuple(x.shape)}, n_heads={heads}, is_causal={causal}", (x, *ws, heads),
-                          {"is_causal": causal}, expected=sigmoid_self_attention_reference(x, *ws, heads, causal),
+        cases.append(Case(f"x {tuple(x.shape)}, context {tuple(context.shape)}, n_heads={heads}",
+                          (x, context, *ws, heads), expected=sigmoid_cross_attention_reference(x, context, *ws, heads),
                           rtol=1e-7, atol=1e-9))
     return cases
 
@@ -217,8 +221,8 @@ def _sigmoid_bug():
           forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
           bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
                      "starts at zero", "index shift"),
-          hint="compare the first entries with the values the paper gives for its first layers, and ask what number "
-               "the loop hands the formula for the first layer")
+          hint="test it where you can work the formula out by hand: a one-layer stack, whose only layer is the "
+               "first; then check what the loop passes in place of l")
 def _lambda_bug():
     """Fix the lambda_init schedule of a Differential Transformer stack."""
     return [Case(f"n_layers={n}", (n,), expected=torch.tensor([diff_lambda_init(l) for l in range(1, n + 1)],
