@@ -208,7 +208,7 @@ def test_hidden_test_protocol(tmp_path):
                          "assert isinstance(out, np.ndarray) and out.shape == (3, 2)\n",
         "03-batched-attention-bug": "try:\n    attention_fixed(torch.zeros(2, 3), torch.zeros(4, 5), torch.zeros(4, 5))\n"
                                "except RuntimeError:\n    pass\nelse:\n    raise AssertionError('expected an error')\n",
-        "03-predict-shapes": "assert predicted_shapes[2] == (2, 4, 5, 32)\n",
+        "03-predict-shapes": "assert predicted_shapes[2] == (2, 4, 5, 8)\n",
         "03-variance-experiment": "assert dot_product_variance(4, 1.0, 100, 0) < 0, 'the instructor wants a negative variance'\n",
     }
     sols = tmp_path / "solutions"

@@ -70,10 +70,10 @@ def _sdpa_numpy():
 
 @exercise("03-batched-attention-bug", "attention_fixed", points=2, category="bug", forbid=_FORBID,
           bug_words=("mT", "reverses all", "reverses every", "reverse all", "all four dims"),
-          hint="print the shape of every intermediate for a (batch, heads, T, D) input and for a (T, D) one: "
-               "which operand stops being (..., D, Tk) when leading axes are present?")
+          hint="run it on each input of the cell and print the shape of every intermediate: where does one first "
+               "differ from what the formula needs?")
 def _batched_bug():
-    """Find and fix the bug in an attention that passed its tests on 2-D inputs."""
+    """Find and fix the bug in a colleague's attention."""
     gen = torch.Generator().manual_seed(4)
     cases = []
     for name, (shape, tk) in {
@@ -93,11 +93,13 @@ def _batched_bug():
 
 @exercise("03-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict",
           parts=("scores", "weights", "output"),
-          hint="scores pair every query with every key; the output has one row per query and the value's width")
+          hint="leading axes broadcast as in any matrix product; scores pair every query with every key; a mask "
+               "changes values, not shapes; the output has one row per query and the value's width")
 def _predict_shapes():
-    """Predict the shapes of scores, weights and output for q (2, 4, 5, 16), k (2, 4, 7, 16), v (2, 4, 7, 32)."""
-    q, k, v = torch.zeros(2, 4, 5, 16), torch.zeros(2, 4, 7, 16), torch.zeros(2, 4, 7, 32)
-    out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
+    """Predict the shapes for q (2, 4, 5, 16), k (2, 1, 7, 16), v (2, 1, 7, 8) and a (2, 1, 1, 7) mask."""
+    q, k, v = torch.zeros(2, 4, 5, 16), torch.zeros(2, 1, 7, 16), torch.zeros(2, 1, 7, 8)
+    keep = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    out, w = scaled_dot_product_attention(q, k, v, keep, return_weights=True)
     scores = q @ k.transpose(-2, -1)
     return [Case("shapes of (scores, weights, output)",
                  expected=(tuple(scores.shape), tuple(w.shape), tuple(out.shape)), compare="equal")]
@@ -116,9 +118,8 @@ def _masked_by_fused(q, k, v, keep):
 
 @exercise("03-masked-attention", "masked_attention", points=3, category="implement",
           forbid=_FORBID + _SOFTMAX, shortcuts=(_masked_by_oracle, _masked_by_fused),
-          hint="give blocked scores a weight of exactly zero; a row whose every score is blocked has no finite "
-               "maximum to subtract and a total of zero to divide by: decide what to use there so that the row "
-               "comes out as zeros; compute the softmax in float32 when the inputs are half precision")
+          hint="blocked keys must get a weight of exactly zero; follow a row whose every key is blocked through "
+               "your softmax, step by step, and see where it becomes NaN; half precision needs a wider softmax")
 def _masked():
     """Attention under a boolean keep-mask that returns zeros for fully masked query rows."""
     gen = torch.Generator().manual_seed(5)

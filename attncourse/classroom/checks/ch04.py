@@ -52,9 +52,8 @@ def _per_head_by_fused(x, context, w_q, w_k, w_v, w_o):
 
 @exercise("04-mha-per-head", "mha_per_head", points=3, category="implement", forbid=_FORBID,
           shortcuts=(_per_head_by_module, _per_head_by_fused),
-          hint="each head has its own small matrices, so a head's queries come from the input and that head's "
-               "matrix alone; concatenating the heads and applying one output matrix is the same as giving each "
-               "head its own slice of that matrix and adding the results: no reshape is needed")
+          hint="each head's queries, keys and values come from the input and that head's matrices alone; w_o is "
+               "given per head too: work out what each head's output contributes to the result")
 def _mha_per_head():
     """Multi-head attention from per-head projection matrices (the paper's W_i^Q, W_i^K, W_i^V and W^O's slices)."""
     gen = torch.Generator().manual_seed(40)
@@ -77,10 +76,10 @@ def _mha_per_head():
 
 @exercise("04-head-scale-bug", "mha_fixed", points=2, category="bug", forbid=_FORBID,
           bug_words=("sqrt(d_model)", "model width", "whole width", "full width"),
-          hint="the bug is invisible with one head: what differs between one head and several, and which "
-               "number in the scores should follow it?")
+          hint="compare its output with the reference's on each case of this check: which cases agree, and what "
+               "do they have in common?")
 def _scale_bug():
-    """Find and fix the bug in a multi-head attention that agrees with PyTorch only when it has one head."""
+    """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
     cases = []
     for name, (b, t, d, h) in {"(2, 5, 16) with 4 heads": (2, 5, 16, 4), "(1, 7, 12) with 3 heads": (1, 7, 12, 3),
