@@ -128,13 +128,14 @@ def _one_pass_log():
 
 @exercise("08-merge-bug", "merge_partial_fixed", points=2, category="bug",
           forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
-          bug_words=("forgets to rescale", "forgot to rescale", "without rescaling", "unrescaled",
-                     "rescale the accumulator", "rescale acc", "accumulator is not rescaled"),
+          bug_words=("inf minus inf", "-inf - -inf", "infinity minus infinity", "unguarded", "no guard",
+                     "missing guard", "guard against"),
           title="Fix the merge of two partial attention results",
-          hint="each partial result was accumulated relative to its own running maximum; after the merge, is every "
-               "quantity that was accumulated under an old maximum expressed relative to the new one?")
+          hint="the merge is right wherever a row has seen at least one key. Follow a padding query through it: "
+               "what are both maxima and the merged maximum there, and what does the subtraction inside each "
+               "weight give in floating point? Which reference point would make both weights come out as 0?")
 def _merge_bug():
-    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that is wrong when the maxima differ."""
+    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that gives NaN on a row with no key."""
     gen = torch.Generator().manual_seed(10)
     cases = []
 
@@ -164,6 +165,11 @@ def _merge_bug():
     s_b = _randn(gen, tq, 4)
     s_b[1] = NEG_INF  # row 1 sees nothing in the second half
     add("a row that sees no key in one half (no NaN)", _randn(gen, tq, 3), _randn(gen, 3, dv), s_b, _randn(gen, 4, dv))
+    s_a, s_b = _randn(gen, 2, tq, 5), _randn(gen, 2, tq, 4)
+    s_b[0, 1] = NEG_INF  # row 1 of batch 0 sees nothing in the second half ...
+    s_a[1, 2] = s_b[1, 2] = NEG_INF  # ... row 2 of batch 1 sees no key at all: the empty state (-inf, 0, 0)
+    add("a row that sees no key in either half: (-inf, 0, 0), not NaN", s_a, _randn(gen, 2, 5, dv), s_b,
+        _randn(gen, 2, 4, dv))
     return cases
 
 

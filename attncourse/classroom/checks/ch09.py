@@ -89,7 +89,7 @@ def window_mask(t: int, window: int) -> torch.Tensor:
           forbid=("attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           bug_words=("rounds up", "rounded up", "round down", "rounding", "multiple above", "first tile too late",
-                     "skips a tile"),
+                     "skips a tile", "first visible", "block that holds", "one block too late", "floor"),
           title="Fix a sliding-window tiled attention that is right for some windows only",
           hint="print, for each query block, the range of key blocks the loop visits, and compare it with the keys "
                "the block's first query may see: is the first of them always inside a visited block?")
