@@ -36,15 +36,13 @@ import subprocess
 import sys
 import time
 import statistics
-import weakref
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from . import _validate
+from .chunked import _StorageTracker
 from .flash import default_block_sizes, flash_attention
 from .sdpa import scaled_dot_product_attention
 
@@ -125,33 +123,6 @@ def paired_ratio(impl: str, other: str, seq_len: int, *, backward: bool = False,
 # ----------------------------------------------------------------------------- memory: tensor bytes, exact
 
 
-class _LiveTensorBytes(TorchDispatchMode):
-    """Adds up the bytes of every storage an op creates, drops them when the storage is freed, keeps the peak."""
-
-    def __init__(self):
-        super().__init__()
-        self.live, self.peak, self.seen = 0, 0, set()
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self.live -= nbytes
-        self.seen.discard(key)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                storage = t.untyped_storage()
-                key = id(storage)
-                if key not in self.seen and key not in inputs:  # new memory: not a view, not an in-place result
-                    self.seen.add(key)
-                    self.live += storage.nbytes()
-                    weakref.finalize(storage, self._freed, key, storage.nbytes())
-        self.peak = max(self.peak, self.live)
-        return out
-
-
 def tensor_bytes_peak(impl: str, seq_len: int, *, backward: bool = False, batch: int = 1, heads: int = 8,
                       head_dim: int = 64, causal: bool = True) -> int:
     """Peak bytes of the tensors one call creates (forward, or forward + backward with the gradients of q, k, v)
@@ -160,7 +131,7 @@ def tensor_bytes_peak(impl: str, seq_len: int, *, backward: bool = False, batch:
     fn = _impl(impl)
     q, k, v = _inputs(seq_len, batch, heads, head_dim, backward)
     gc.collect()
-    tracker = _LiveTensorBytes()
+    tracker = _StorageTracker()  # chapter 11's exact tensor-bytes counter
     with tracker:
         _run_once(fn, q, k, v, causal, backward)
     return tracker.peak
