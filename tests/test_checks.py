@@ -107,8 +107,14 @@ def test_compare_rules():
     assert "NaN or inf" in checks.compare(torch.tensor([1.0, float("nan")]), torch.ones(2), case)
     assert "expected a tensor" in checks.compare([1, 2], torch.ones(2), case)
     assert checks.compare(3, 3, checks.Case("c", compare="equal")) is None
-    assert "expected 3" in checks.compare(4, 3, case)
+    # a scalar is never shown: how far off, not the value (a rule must not be read off a few failures)
+    assert "off by about 33%" in checks.compare(4, 3, case) and "3" not in checks.compare(4, 3, case).split("33%")[1]
+    assert "expected" not in checks.compare(1.5, 1.0, case) and "off by about 50%" in checks.compare(1.5, 1.0, case)
     assert "rtol" in checks.compare(1.5, 1.0, case)
+    assert "mean" not in checks.compare("first", "mean", case)  # a choice is never shown either
+    # a tensor's numbers are shown for an implement exercise, never when reveal=False (experiments, predictions)
+    assert "expected 2" in checks.compare(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0]), case)
+    assert "expected" not in checks.compare(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0]), case, reveal=False)
     assert checks.compare(1.0 + 1e-9, 1.0, case) is None
     assert checks.compare("x", 1, checks.Case("c", compare=lambda got: None)) is None
 

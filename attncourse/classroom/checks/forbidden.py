@@ -1,36 +1,79 @@
-"""Forbidden calls: refuse an answer that reaches a library function it was asked not to use, however it gets there.
+"""The guard: watch what a learner's answer runs, and refuse an answer that reaches what its exercise does not allow.
 
 Self-contained on purpose (the standard library and torch, no relative imports): the check cell imports it as a
 module, and the grader sends this very source into the student's kernel and runs it there, so the check cell and
-the grader refuse the same calls in the same way.
+the grader watch the same things in the same way (:func:`run` is what both call).
 
-An exercise's ``forbid`` lists dotted names ("torch.nn.functional.scaled_dot_product_attention",
-"attncourse.gqa.grouped_attention"). While the answer runs, :class:`CallGuard` records a call as forbidden when it
-reaches the library's own function by any route:
+An exercise's policy (a plain dict, see :func:`policy`) says what the answer may run:
 
-* every spelling of it: the same function re-exported elsewhere in its package (``attncourse.X`` and
-  ``attncourse.module.X``); for a PyTorch op ``X`` that exists as ``torch.X``, each of ``torch.X``,
-  ``torch.Tensor.X`` (so ``x.softmax(-1)``), ``torch.nn.functional.X`` and ``torch.special.X``;
-* any alias bound before the check ran (``from ... import f as g``, ``g = attncourse.f``, a default argument):
-  Python functions are recognised by their code object, PyTorch's built-in ops by identity (Tensor methods by
-  name and class), in a profile hook and in a ``TorchFunctionMode``; a function of the library held only by an
-  alias in the notebook's namespace is found there by its name;
-* a forbidden class (``torch.nn.MultiheadAttention``) forbids its own methods: building or calling one.
+* ``library`` / ``allow``: the answer may not enter the course's own code (the package ``attncourse``: its
+  lessons' functions, its modules' ``forward`` methods, the checks and their reference answers) except the
+  functions, classes and modules ``allow`` lists (the helpers a learner is meant to use). A Python profile hook
+  sees every Python function entered, so any route counts: an alias, a wrapper (``functools.partial``,
+  ``@torch.no_grad()``, a lambda), a module's ``forward`` called through ``nn.Module.__call__``, the code object
+  of a library function rebound in a new function. Library code that an allowed helper runs (its own helpers,
+  its sub-modules' ``forward``) is the helper's, not the answer's.
+* ``ops``: families of PyTorch operators the answer may not run (``attention``, ``softmax``, ``logsumexp``, or
+  ``torch`` for an answer that must use NumPy alone): seen at two levels, so every spelling counts: a
+  ``TorchFunctionMode`` sees the function called (``F.softmax``, ``x.softmax``, ``torch.ops.aten._safe_softmax``,
+  ``torch.ops.aten._scaled_dot_product_attention_math``, which decomposes before dispatch) and a
+  ``TorchDispatchMode`` sees the ATen operator that really runs (``aten::_softmax`` under whatever name reached it).
+  Python code of PyTorch that does the same job (``F.multi_head_attention_forward``, FlexAttention) counts by
+  its function's name, and libraries that would do the whole job (SciPy's softmax, JAX, flash-attn, ...) by
+  their package.
+* ``forbid``: dotted names, recognised by identity under every spelling and alias (see :func:`resolve`); kept
+  for exercises that forbid one function by name.
+* ``trace``: record what ran (each ATen operator, its tensors' shapes, which of them are views of the answer's
+  inputs and where, whether a Triton kernel launch or an allowed helper ran it) for the exercise's property
+  check, which reads the record outside the answer's reach.
+* ``stream``: hand one argument to the answer as a one-shot stream of chunks, each chunk overwritten with NaN as
+  soon as the next is asked for (:class:`Chunks`).
 
-Only the library's own functions count: a function defined in the notebook and assigned to a forbidden name
-(``attncourse.scaled_dot_product_attention = mine``) is the learner's own code. Library code that reaches the
-same computation from C++ without passing through Python (``nn.MultiheadAttention``'s fast path calls the
-fused kernel inside ATen) is not seen: forbid such an entry point by its own name. The guard records; it does
-not raise, so the verdict does not depend on what the answer does with an exception. Switching the profile
-hook off from inside the answer is recorded as a forbidden call of ``sys.setprofile``.
+Switching the watch off from inside the answer (``sys.setprofile``, popping a mode, disabling the dispatcher's
+Python key) is itself refused. The guard records; it does not raise, so the verdict does not depend on what the
+answer does with an exception. Code copied as text and executed afresh is the learner's own code: what runs is
+judged, and that is the learner's typing.
 """
 
 import importlib
 import importlib.util
 import os
+import re
 import sys
+import sysconfig
 
 TORCH_SPELLINGS = ("torch.{}", "torch.Tensor.{}", "torch.nn.functional.{}", "torch.special.{}")
+LIBRARY = "attncourse"
+
+# Operator families, matched against a normalised name (no "aten::", no overload, no leading "_", no "special_").
+FAMILIES = {
+    "attention": re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|"
+                            r"multi_head_attention|flex_attention|fused_sdp|transformer_encoder_layer|"
+                            r"native_multi_head|triton_multi_head|sdpa)"),
+    "softmax": re.compile(r"^((safe|masked|sparse|log|sparse_log)_)?softmax|^softmin|^gumbel_softmax"),
+    "logsumexp": re.compile(r"^(logsumexp|logaddexp2?|logcumsumexp)"),
+    "torch": re.compile(r"."),  # any operator: an answer that must use NumPy alone
+}
+WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
+         "torch": "a PyTorch operation (this exercise asks for NumPy alone)"}
+# Families whose whole job other libraries would do: their code is refused with the family.
+PACKAGES = {
+    "attention": ("flash_attn", "xformers", "transformers", "jax", "tensorflow", "keras", "einx"),
+    "softmax": ("scipy", "sklearn", "jax", "tensorflow", "keras"),
+    "logsumexp": ("scipy", "sklearn", "jax", "tensorflow", "keras"),
+    "torch": ("scipy", "sklearn", "jax", "tensorflow", "keras", "torch"),
+}
+# PyTorch operators that only move or describe data: never an "operation" for a trace's arithmetic count.
+DATA_OPS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|slice|select|unsqueeze|squeeze|"
+                      r"alias|detach|lift_fresh|clone|contiguous|_to_copy|copy_|empty|empty_like|empty_strided|"
+                      r"zeros|zeros_like|ones|ones_like|full|full_like|new_empty|new_zeros|new_full|new_ones|"
+                      r"arange|_local_scalar_dense|as_strided|split|split_with_sizes|unbind|chunk|narrow|"
+                      r"diagonal|unfold|is_nonzero|item|set_|resize_|scalar_tensor|fill_|zero_|_copy_from|"
+                      r"_has_compatible_shallow_copy_type|sym_size|sym_stride|sym_numel|sym_storage_offset)$")
+ESCAPES = ("setprofile", "settrace", "_pop_mode", "_pop_torch_function_stack", "_set_torch_function_mode",
+           "_set_dispatch_mode", "_unset_dispatch_mode", "_DisableTorchDispatch", "DisableTorchFunction",
+           "DisableTorchFunctionSubclass", "_disabled_torch_function_impl", "_DisablePythonDispatcher",
+           "_ExcludeDispatchKeyGuard", "_force_dispatch_key_set", "_set_dispatch_mode_stack")
 
 
 def message(name):
@@ -38,10 +81,33 @@ def message(name):
     return f"your code called {name}, which this exercise asks you not to use"
 
 
+def policy(forbid=(), allow=(), ops=(), library=True, trace=False, stream=None):
+    """An exercise's policy as a plain dict (what the grader sends to the kernel)."""
+    return {"forbid": tuple(forbid), "allow": tuple(allow), "ops": tuple(ops), "library": bool(library),
+            "trace": bool(trace), "stream": stream}
+
+
+def normalise(name):
+    """An operator's name without namespace, overload and leading underscores (``aten::_softmax.int`` -> softmax)."""
+    name = str(name).split("::")[-1].split(".")[0].lstrip("_")
+    return name[len("special_"):] if name.startswith("special_") else name
+
+
+def family_of(name, families):
+    base = normalise(name)
+    for fam in families:
+        pattern = FAMILIES.get(fam)
+        if pattern is not None and pattern.search(base):
+            return fam
+        if pattern is None and base == normalise(fam):  # an operator named by itself
+            return fam
+    return None
+
+
 def lookup(dotted):
     """The object a dotted name points to now (None if there is none)."""
     parts = dotted.split(".")
-    for i in range(len(parts) - 1, 0, -1):
+    for i in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:i]))
         except Exception:
@@ -71,12 +137,16 @@ def _package_dirs(top):
     return _DIRS[top]
 
 
+def _in_package(filename, top):
+    where = os.path.realpath(filename)
+    return any(where.startswith(d + os.sep) for d in _package_dirs(top))
+
+
 def genuine(obj, top):
     """Whether `obj` is the library's own (package `top`), not something the notebook defined."""
     code = getattr(obj, "__code__", None)
     if code is not None:
-        where = os.path.realpath(code.co_filename)
-        return any(where.startswith(d + os.sep) for d in _package_dirs(top))
+        return _in_package(code.co_filename, top)
     if isinstance(obj, type):
         return (getattr(obj, "__module__", None) or "").split(".")[0] == top
     if not callable(obj):
@@ -117,8 +187,6 @@ def resolve(dotted, namespace=None):
 
     for obj in candidates:
         keep(obj)
-    # An alias the notebook bound before the check, perhaps to a function whose every module-level name it then
-    # re-bound: a library function of that name from the same module as a spelling or a function found above.
     homes = {name.rsplit(".", 1)[0] for name in spellings(dotted)} | {getattr(f, "__module__", None) for f in found}
     if namespace is None:
         namespace = getattr(sys.modules.get("__main__"), "__dict__", {})
@@ -131,17 +199,159 @@ def resolve(dotted, namespace=None):
     return found
 
 
-class CallGuard:
-    """Context manager recording, in ``used``, the forbidden names the code run inside it reached."""
+def _codes_of(obj, top, depth=0):
+    """Every code object of the library inside `obj` (a function, a class and its bases, a module)."""
+    codes = []
+    if depth > 3 or obj is None:
+        return codes
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            codes += _codes_of(f, top, depth + 1)
+        return codes
+    fn = getattr(obj, "__func__", obj)
+    fn = getattr(fn, "__wrapped__", fn) if getattr(fn, "__code__", None) is None else fn
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        if _in_package(code.co_filename, top):
+            stack = [code]
+            while stack:  # nested functions and lambdas defined inside it
+                c = stack.pop()
+                codes.append(c)
+                stack += [k for k in c.co_consts if hasattr(k, "co_code")]
+        return codes
+    if isinstance(obj, type):
+        for klass in obj.__mro__:
+            if (getattr(klass, "__module__", "") or "").split(".")[0] != top:
+                continue
+            for value in vars(klass).values():
+                codes += _codes_of(value, top, depth + 1)
+        return codes
+    if type(obj).__name__ == "module":
+        for value in list(vars(obj).values()):
+            if getattr(value, "__module__", None) == obj.__name__:
+                codes += _codes_of(value, top, depth + 1)
+    return codes
 
-    def __init__(self, names, namespace=None):
+
+_SYSTEM = None
+_HERE = os.path.realpath(globals().get("__file__") or "<attncourse call guard>")
+
+
+def _system_dirs():
+    global _SYSTEM
+    if _SYSTEM is None:
+        paths = set()
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            try:
+                paths.add(os.path.realpath(sysconfig.get_paths()[key]))
+            except Exception:
+                pass
+        for p in sys.path:
+            if p and ("site-packages" in p or "dist-packages" in p):
+                paths.add(os.path.realpath(p))
+        _SYSTEM = tuple(sorted(paths))
+    return _SYSTEM
+
+
+class Chunks:
+    """A one-shot stream of chunks of a tensor along `dim`: iterate it once; each chunk handed out is a fresh
+    tensor, overwritten with NaN as soon as the next one is asked for (so an answer cannot keep reading it)."""
+
+    def __init__(self, tensor, dim, size, guard=None):
+        self._tensor, self._dim, self._size, self._guard = tensor, dim, int(size), guard
+        self._started = False
+        self.handed = 0
+
+    def __iter__(self):
+        if self._started:
+            raise RuntimeError("this stream of chunks can be read only once")
+        self._started = True
+        return self._gen()
+
+    def _gen(self):
+        n = self._tensor.shape[self._dim]
+        previous = None
+        for start in range(0, n, self._size):
+            if previous is not None:
+                previous.fill_(float("nan"))
+            chunk = self._tensor.narrow(self._dim, start, min(self._size, n - start)).clone()
+            self.handed += 1
+            if self._guard is not None:
+                self._guard.label(chunk, f"chunk {self.handed - 1}")
+            previous = chunk
+            yield chunk
+        if previous is not None:
+            previous.fill_(float("nan"))
+
+    def __repr__(self):
+        return f"<a one-shot stream of chunks of {self._size} along dim {self._dim}>"
+
+
+class Guard:
+    """Context manager recording, in ``used``, what the code run inside it reached that its policy forbids, and
+    (with ``trace``) what it ran, in ``trace``."""
+
+    def __init__(self, pol, namespace=None):
+        pol = dict(pol)
+        self.pol = pol
         self.codes, self.builtins, self.methods, self.used = {}, {}, {}, []
-        for dotted in names:
+        for dotted in pol.get("forbid", ()):
             for obj in resolve(dotted, namespace):
                 self._add(obj, dotted)
-        self.mode = None
+        self.library = LIBRARY if pol.get("library") else None
+        self.families = tuple(pol.get("ops", ()))
+        self.allowed = set()
+        if self.library:
+            for dotted in pol.get("allow", ()):
+                for code in _codes_of(lookup(dotted), self.library):
+                    self.allowed.add(code)
+        self.packages = tuple(sorted({p for fam in self.families for p in PACKAGES.get(fam, ())}))
+        self.tracing = bool(pol.get("trace"))
+        self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0}
+        self.labels = {}
+        self._kinds = {}
+        self._allowed_frames = set()
+        self._launch_frames = set()
+        self.root = None
+        self.modes = []
         self.previous = None
         self.installed = False
+
+    # --- what a code object is
+    def _kind(self, code):
+        kind = self._kinds.get(code)
+        if kind is None:
+            kind = self._classify(code)
+            self._kinds[code] = kind
+        return kind
+
+    def _classify(self, code):
+        filename = code.co_filename
+        if filename == "<attncourse call guard>" or os.path.realpath(filename) == _HERE:
+            return "self"
+        if self.library and _in_package(filename, self.library):
+            if code.co_name == "<module>":
+                return "self"
+            return "allowed" if code in self.allowed else "library"
+        if filename == "<attncourse call guard>":
+            return "self"
+        if "triton" + os.sep in filename and code.co_name == "run" and \
+                os.path.basename(filename) in ("jit.py", "interpreter.py"):
+            return "launch"
+        if any(_in_package(filename, p) for p in self.packages if p != "torch"):
+            return "package"
+        if _in_package(filename, "torch"):
+            if "torch" in self.packages or (self.families and family_of(code.co_name, self.families)):
+                return "torchjob"
+            return "torch"
+        if filename.startswith(("<ipython-input", "<cell")):
+            return "learner"
+        if filename.startswith("<"):
+            return "other"
+        where = os.path.realpath(filename)
+        if any(where.startswith(d + os.sep) for d in _system_dirs()):
+            return "other"
+        return "learner"
 
     def _add(self, obj, dotted):
         if isinstance(obj, type):
@@ -162,18 +372,120 @@ class CallGuard:
 
     @property
     def active(self):
-        return bool(self.codes or self.builtins)
+        return bool(self.codes or self.builtins or self.library or self.families or self.tracing)
 
-    def _hit(self, dotted):
-        if not self.used or self.used[-1] != dotted:
-            self.used.append(dotted)
+    def _hit(self, dotted, where=None, family=None):
+        text = dotted + (f", {WORDS.get(family, family)}," if family else "") + (f" ({where})" if where else "")
+        if not any(u.split(" (")[0].split(",")[0] == dotted for u in self.used):
+            self.used.append(text)
+
+    def _where(self, frame):
+        """The learner's line that led to `frame` (for the message), or None."""
+        while frame is not None and frame is not self.root:
+            if self._kind(frame.f_code) == "learner":
+                name = frame.f_code.co_name
+                return f"from {'your code' if name == '<module>' else name}, line {frame.f_lineno}"
+            frame = frame.f_back
+        return None
+
+    def _inside_allowed(self, frame):
+        """Whether an allowed library function is running between the nearest learner frame and `frame`."""
+        while frame is not None and frame is not self.root:
+            kind = self._kind(frame.f_code)
+            if kind == "allowed":
+                return True
+            if kind == "learner":
+                return False
+            frame = frame.f_back
+        return False
+
+    def label(self, tensor, name):
+        """Name `tensor`'s storage in the trace (an input, a chunk of a stream)."""
+        try:
+            self.labels[tensor.untyped_storage().data_ptr()] = (name, tensor.storage_offset(), tuple(tensor.stride()))
+        except Exception:
+            pass
+
+    def label_inputs(self, args, kwargs):
+        import torch
+
+        def walk(x, name):
+            if isinstance(x, torch.Tensor):
+                self.label(x, name)
+            elif isinstance(x, (tuple, list)):
+                for i, v in enumerate(x):
+                    walk(v, f"{name}[{i}]")
+            elif isinstance(x, dict):
+                for k, v in x.items():
+                    walk(v, f"{name}[{k!r}]")
+            elif isinstance(x, torch.nn.Module):
+                for pname, p in x.named_parameters():
+                    walk(p, f"{name}.{pname}")
+
+        for i, a in enumerate(args):
+            walk(a, f"arg{i}")
+        for k, a in kwargs.items():
+            walk(a, k)
+
+    # --- the hooks
+    def _intact(self):
+        """Whether the answer left the watch on: both modes still stacked and the dispatcher's Python key on."""
+        import torch
+
+        C = torch._C
+        for mode in self.modes:
+            if type(mode).__name__ == "Watch":
+                if not C._is_torch_function_mode_enabled() or not any(
+                        C._get_function_stack_at(i) is mode for i in range(C._len_torch_function_stack())):
+                    return False
+            else:
+                if C._dispatch_tls_is_dispatch_key_excluded(C.DispatchKey.Python) or not any(
+                        C._get_dispatch_stack_at(i) is mode for i in range(C._len_torch_dispatch_stack())):
+                    return False
+        return True
+
+    def _check_intact(self, frame):
+        if self.modes and not self._intact():
+            self._hit("a switch that turns PyTorch's operator watch off", self._where(frame))
 
     def _profile(self, frame, event, arg):
         if event == "call":
-            dotted = self.codes.get(frame.f_code)
+            if frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" and \
+                    self._kind(frame.f_code) != "self" and not frame.f_code.co_filename.endswith(
+                        ("_python_dispatch.py", "overrides.py")):  # torch runs a mode's handler popped
+                self._check_intact(frame.f_back)
+            code = frame.f_code
+            dotted = self.codes.get(code)
             if dotted is not None:
-                self._hit(dotted)
+                self._hit(dotted, self._where(frame.f_back))
+            kind = self._kind(code)
+            if kind == "allowed":
+                self._allowed_frames.add(id(frame))
+            elif kind == "library":
+                if not self._inside_allowed(frame.f_back):
+                    qual = getattr(code, "co_qualname", code.co_name)
+                    module = frame.f_globals.get("__name__", "?")
+                    self._hit(f"{module}.{qual}", self._where(frame.f_back))
+            elif kind == "package":
+                if not self._inside_allowed(frame.f_back):
+                    self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
+            elif kind == "torch" and frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" \
+                    and any(e in code.co_name for e in ESCAPES):
+                self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
+            elif kind == "torchjob":
+                if not self._inside_allowed(frame.f_back):
+                    self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
+            elif kind == "launch":
+                self._launch_frames.add(id(frame))
+                self.trace["launches"] += 1
+        elif event == "return":
+            if self._allowed_frames:
+                self._allowed_frames.discard(id(frame))
+            if self._launch_frames:
+                self._launch_frames.discard(id(frame))
         elif event == "c_call":
+            if self._kind(frame.f_code) == "learner":
+                self._check_intact(frame)
             try:
                 dotted = self.builtins.get(arg)
             except TypeError:
@@ -184,30 +496,91 @@ class CallGuard:
                         dotted = name
                         break
             if dotted is not None:
-                self._hit(dotted)
+                self._hit(dotted, self._where(frame))
+            name = getattr(arg, "__name__", "") or ""
+            if name in ESCAPES and self._kind(frame.f_code) == "learner":
+                self._hit(f"{getattr(arg, '__module__', None) or 'sys'}.{name}", self._where(frame))
+            elif self.families and not self._allowed_frames and self._kind(frame.f_code) != "self":
+                fam = family_of(name, self.families) if name else None
+                if fam is not None and (fam != "torch" or genuine(arg, "torch")):
+                    self._hit(_spell(arg), self._where(frame), fam)
         if self.previous is not None:
             self.previous(frame, event, arg)
+
+    def _on_function(self, func):
+        try:
+            dotted = self.builtins.get(func)
+        except TypeError:
+            dotted = None
+        if dotted is not None:
+            self._hit(dotted, self._where(sys._getframe(1)))
+        if self.families and not self._allowed_frames:
+            name = getattr(func, "__name__", None) or str(func)
+            fam = family_of(name, self.families)
+            if fam is not None:
+                self._hit(_spell(func), self._where(sys._getframe(1)), fam)
+
+    def _on_dispatch(self, func, args, kwargs):
+        name = func.name() if hasattr(func, "name") else str(func)
+        inlib = bool(self._allowed_frames)
+        if self.families and not inlib:
+            fam = family_of(name, self.families)
+            if fam is not None:
+                self._hit(name, self._where(sys._getframe(1)), fam)
+        if self.tracing:
+            counts = self.trace["counts"]
+            counts[name] = counts.get(name, 0) + 1
+            ops = self.trace["ops"]
+            if len(ops) >= 20000:
+                self.trace["dropped"] += 1
+                return
+            import torch
+
+            tensors = []
+            for a in list(args) + list((kwargs or {}).values()):
+                if isinstance(a, (list, tuple)):
+                    items = a
+                else:
+                    items = (a,)
+                for t in items:
+                    if isinstance(t, torch.Tensor):
+                        try:
+                            ptr = t.untyped_storage().data_ptr()
+                        except Exception:
+                            ptr = None
+                        lab = self.labels.get(ptr)
+                        tensors.append((lab[0] if lab else None, int(t.storage_offset()) - (lab[1] if lab else 0),
+                                        tuple(int(d) for d in t.shape), tuple(int(s) for s in t.stride())))
+            ops.append((name, bool(self._launch_frames), inlib, tensors))
 
     def __enter__(self):
         if not self.active:
             return self
-        if self.builtins:
-            from torch.overrides import TorchFunctionMode
+        self.root = sys._getframe(1)
+        import torch
+        from torch.overrides import TorchFunctionMode
 
-            guard = self
-
+        guard = self
+        if self.builtins or self.families:
             class Watch(TorchFunctionMode):
                 def __torch_function__(self, func, types, args=(), kwargs=None):
-                    try:
-                        dotted = guard.builtins.get(func)
-                    except TypeError:
-                        dotted = None
-                    if dotted is not None:
-                        guard._hit(dotted)
+                    guard._on_function(func)
                     return func(*args, **(kwargs or {}))
 
-            self.mode = Watch()
-            self.mode.__enter__()
+            mode = Watch()
+            mode.__enter__()
+            self.modes.append(mode)
+        if self.families or self.tracing:
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            class Record(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    guard._on_dispatch(func, args, kwargs)
+                    return func(*args, **(kwargs or {}))
+
+            mode = Record()
+            mode.__enter__()
+            self.modes.append(mode)
         previous = sys.getprofile()
         self.previous = previous if callable(previous) else None
         sys.setprofile(self._profile)
@@ -220,12 +593,64 @@ class CallGuard:
         hook = sys.getprofile()
         sys.setprofile(self.previous)
         self.installed = False
-        if self.mode is not None:
+        for mode in reversed(self.modes):
             try:
-                self.mode.__exit__(None, None, None)
-            except Exception:  # the answer emptied the mode stack itself
-                self._hit("torch function modes")
-            self.mode = None
+                mode.__exit__(None, None, None)
+            except Exception:  # the answer emptied a mode stack itself
+                self._hit("torch modes")
+        self.modes = []
         if getattr(hook, "__self__", None) is not self:
             self._hit("sys.setprofile")
         return False
+
+
+def _spell(func):
+    """A readable name for a function a TorchFunctionMode saw."""
+    name = getattr(func, "__name__", None) or str(func)
+    kind = type(func).__name__
+    if kind in ("OpOverloadPacket", "OpOverload"):
+        return f"torch.ops.aten.{name}"
+    owner = getattr(func, "__objclass__", None)
+    if owner is not None:
+        return f"{getattr(owner, '__name__', 'Tensor')}.{name}"
+    module = getattr(func, "__module__", None) or "torch"
+    if module.startswith("torch._ops"):
+        return f"torch.ops.{module[len('torch._ops.'):] or 'aten'}.{name}"
+    if module.startswith("torch._C"):
+        module = "torch"
+    return f"{module}.{name}"
+
+
+class CallGuard(Guard):
+    """The guard for dotted names only (no library rule, no operator families): ``CallGuard(names)``."""
+
+    def __init__(self, names, namespace=None):
+        super().__init__(policy(forbid=names, library=False), namespace)
+
+
+def run(answer, args, kwargs, pol, namespace=None):
+    """Call ``answer(*args, **kwargs)`` under the guard of policy `pol`: a dict with ``result``, ``error`` (the
+    exception it raised, or None), ``used`` (what it reached that is forbidden, with where) and ``trace``."""
+    pol = dict(pol or {})
+    args, kwargs = list(args), dict(kwargs or {})
+    guard = Guard(pol, namespace)
+    stream = pol.get("stream")
+    chunks = None
+    if stream:
+        index, dim, size = stream
+        if isinstance(size, str):  # "argN": the chunk size is argument N
+            size = args[int(size[3:])]
+        chunks = Chunks(args[index], dim, size, guard)
+        args[index] = chunks
+    if guard.tracing:
+        guard.label_inputs(args, kwargs)
+    error, result = None, None
+    with guard:
+        try:
+            result = answer(*args, **kwargs)
+        except Exception as err:  # a forbidden call decides the verdict, whatever the answer did next
+            error = err
+    trace = guard.trace if guard.tracing else None
+    if chunks is not None:
+        trace = dict(trace or {}, chunks=chunks.handed)
+    return {"result": result, "error": error, "used": list(guard.used), "trace": trace}

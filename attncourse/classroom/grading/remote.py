@@ -4,8 +4,9 @@ tests call.
 The grader builds the cases in its own process and sends only their inputs to the kernel (``torch.save``);
 :data:`KERNEL_SIDE` calls the student's function there under the same call guard as the check cell
 (:mod:`attncourse.classroom.checks.forbidden`, whose source it carries) and saves the results, loaded back
-here with ``torch.load(weights_only=True)``: tensors and plain data only. :func:`judge` compares them with the
-expected values computed here, through the same ``checks.feedback`` as the check cell.
+here with ``torch.load(weights_only=True)``: tensors and plain data only, with the guard's trace of what the
+answer ran. :func:`judge` compares them with the expected values computed here, through the same
+``checks.feedback`` and property (``checks.judge_property``) as the check cell.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ _KERNEL_TEMPLATE = r'''
 def __attncourse_make(guard_source):
     guard_namespace = {"__name__": "attncourse_call_guard"}
     exec(compile(guard_source, "<attncourse call guard>", "exec"), guard_namespace)
-    CallGuard = guard_namespace["CallGuard"]
+    run = guard_namespace["run"]
 
-    def grade(inputs_path, results_path, target, kind, numpy_args, forbid):
+    def grade(inputs_path, results_path, target, kind, numpy_args, policy):
         import sys, torch, numpy, difflib
         def portable(x):
             if isinstance(x, torch.Tensor): return x.detach().cpu().clone()
@@ -63,15 +64,13 @@ def __attncourse_make(guard_source):
                 as_np = lambda a: a.numpy() if isinstance(a, torch.Tensor) else a
                 args = tuple(as_np(a) for a in args)
                 kwargs = {k: as_np(a) for k, a in kwargs.items()}
-            guard, error, out = CallGuard(forbid, ns), None, None
-            with guard:
-                try:
-                    out = answer(*args, **kwargs)
-                except Exception as err:  # KeyboardInterrupt (the grader's time limit) is not caught
-                    error = err
-            if guard.used: results.append(("forbidden", guard.used[0], "")); continue
+            if not isinstance(policy, dict):  # a grader from before policies: a tuple of forbidden names
+                policy = {"forbid": tuple(policy), "library": False}
+            ran = run(answer, args, kwargs, policy, ns)  # KeyboardInterrupt (the time limit) is not caught
+            if ran["used"]: results.append(("forbidden", ran["used"][0], "")); continue
+            error = ran["error"]
             if error is not None: results.append(("raised", type(error).__name__, text(error))); continue
-            try: results.append(("ok", portable(out)))
+            try: results.append(("ok", portable(ran["result"]), portable(ran["trace"])))
             except Exception as err: results.append(("raised", type(err).__name__, text(err)))
         torch.save({"status": "ok", "results": results}, results_path)
 
@@ -87,7 +86,7 @@ KERNEL_SIDE = _KERNEL_TEMPLATE.replace("GUARD_SOURCE", repr(Path(forbidden.__fil
 def kernel_call(src: Path, out: Path, ex: checks.Exercise) -> str:
     """The source of the extra cell that runs `ex`'s target on the inputs saved in `src`."""
     return (f"__attncourse_grade({str(src)!r}, {str(out)!r}, {ex.target!r}, {ex.kind!r}, "
-            f"{ex.numpy!r}, {tuple(ex.forbid)!r})")
+            f"{ex.numpy!r}, {ex.policy!r})")
 
 
 def judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[str, str]:
@@ -109,6 +108,11 @@ def judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[s
         detail = checks.feedback(ex, result[1], case)
         if detail:
             return "failed", f"case '{case.name}': {detail}"
+    runs = [checks.Run(case, result[1], result[2] if len(result) > 2 else None)
+            for case, result in zip(cases, reply["results"])]
+    detail = checks.judge_property(ex, runs)
+    if detail:
+        return "failed", f"every case gives the right result, but not the way this exercise asks: {detail}"
     return "passed", f"all {len(cases)} case(s) passed"
 
 
