@@ -7,7 +7,8 @@
 
 `solutions/` is the single source of the exercise notebooks. Solution code sits between
 ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markup) and becomes a stub that raises
-``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are dropped.
+``NotImplementedError``; ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are dropped, and so are
+whole cells tagged ``solution-only`` (a bug's explanation, a prediction's worked answer).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MARKDOWN_STUB = ["YOUR ANSWER HERE"]
 # What ipykernel's kernelspec "python3" calls itself: JupyterLab rewrites a different display name when it starts
 # the kernel, and the notebook then opens marked as modified.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+# A cell tagged so (a bug's explanation, a prediction's worked answer) is left out of the exercise notebook.
+SOLUTION_ONLY = "solution-only"
 # JupyterLab's (and nbclient's) cell tag for "an error here does not stop Run All".
 RUN_ON = "raises-exception"
 
@@ -105,6 +108,7 @@ def student_source(source: str, cell_type: str, where: str = "cell") -> str:
 def make_exercise(nb: nbformat.NotebookNode, where: str = "notebook") -> nbformat.NotebookNode:
     """A copy of solution notebook `nb` with solutions stubbed and all outputs cleared."""
     nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if SOLUTION_ONLY not in c.metadata.get("tags", [])]
     for index, cell in enumerate(nb.cells):
         cell.source = student_source(cell.source, cell.cell_type, f"{where} cell {index}")
         if cell.cell_type == "code":
@@ -148,8 +152,11 @@ def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, point
     return {"nbgrader": meta}
 
 
-def md(text: str) -> nbformat.NotebookNode:
-    return nbformat.v4.new_markdown_cell(text.strip("\n"))
+def md(text: str, *, tags: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_markdown_cell(text.strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
 
 
 def code(source: str, *, tags: tuple[str, ...] = ()) -> nbformat.NotebookNode:
