@@ -279,6 +279,10 @@ def _system_dirs():
 
 
 _PLACES = {}
+# PyTorch's Python entry points to operators (``torch.ops.aten.X``, ``F.X``): entered from the answer with the watch
+# off, they are the answer's doing. (Elsewhere PyTorch calls its own Python back from C++ with the modes popped
+# while it handles an operator; that is not the answer's doing, and a builtin the answer calls is checked anyway.)
+_ENTRY = re.compile(r"torch[/\\](_ops|functional|nn[/\\]functional|_tensor)\.py$")
 # The guard's own code that runs inside an answer: the stream's iterator and the two modes' handlers (entered
 # from the answer's frame); anything else of the guard handed in or called by the answer is check code.
 _GUARD_RUNS = ("__iter__", "_gen", "__repr__", "<module>", "__exit__", "__enter__", "__torch_function__",
@@ -512,8 +516,7 @@ class Guard:
     def _profile(self, frame, event, arg):
         if event == "call":
             if frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" and \
-                    self._kind(frame.f_code) != "self" and not frame.f_code.co_filename.endswith(
-                        ("_python_dispatch.py", "overrides.py")):  # torch runs a mode's handler popped
+                    _ENTRY.search(frame.f_code.co_filename):
                 self._check_intact(frame.f_back)
             code = frame.f_code
             dotted = self.codes.get(code)
