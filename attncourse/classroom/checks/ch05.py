@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import torch
+import torch._dynamo  # noqa: F401 - see below
 
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_cache_bytes
 from . import Case, exercise
+
+# The guard's dispatch mode makes PyTorch import torch._dynamo on its first use; imported there, under the guard's
+# profile hook, that takes 20-30 s on two loaded cores, so the first check cell of a kernel looked hung. Imported
+# here, outside the hook, it costs a few seconds once.
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
 
@@ -43,9 +48,10 @@ def _shortcut_grouped(q, k, v):
 
 def _shortcut_aten_math(q, k, v):  # PyTorch's reference attention under its ATen name, K/V repeated
     g = q.shape[1] // k.shape[1]
-    mask = _decode_mask(q.shape[-2], k.shape[-2])
+    bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype).masked_fill(
+        ~_decode_mask(q.shape[-2], k.shape[-2]), float("-inf"))  # an additive mask: the op's own convention
     return torch.ops.aten._scaled_dot_product_attention_math(
-        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask)[0]
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=bias)[0]
 
 
 def _shortcut_course_module(q, k, v):  # the course's MultiHeadAttention's own attention step
@@ -96,9 +102,9 @@ def _mqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads):  # PyTorch's reference attenti
           prop_doc="output equality is the property: the fix lies in the notes' own arithmetic, and with the "
                    "attention kernels and the course's module refused it must be found there",
           bug_words=("only to itself", "axis of size one", "size-1 axis", "its own key only", "axis of size 1",
-                     "wrong axis", "softmax over the", "softmax ran over", "over a single", "own key", "own value",
+                     "wrong axis", "softmax over the", "softmax ran over", "over a single", "its own value",
                      "every weight is 1", "every weight is one", "all weights are 1", "weights are all 1",
-                     "time axis", "time has to", "mqa-axis", "axis bug"),
+                     "time has to", "mqa-axis", "axis bug"),
           hint="look at the weights it returns, and at what each token's output is made of: over how many keys "
                "does each softmax run, and where in the shapes do the keys sit?")
 def _mqa_bug():
@@ -274,7 +280,7 @@ def closer_conversion_reference(seed: int, spread: float, others: float) -> str:
                "measurement decides")
 def _conversion_experiment():
     """Which conversion, mean-pool or first head, stays closer to the MHA layer, as the heads and W_O change?"""
-    grid = [(seed, spread, others) for seed in (0, 1, 2) for spread in (0.0, 0.5) for others in (1.0, 0.0)]
+    grid = [(seed, spread, others) for seed in (0, 1) for spread in (0.0, 0.5) for others in (1.0, 0.0)]
     # halfway between "every head counts" and "only the lead heads count", the verdict changes from seed to
     # seed: no rule of spread and W_O predicts it, only the measurement does
     grid += [(seed, 0.5, 0.5) for seed in (3, 4, 5, 6)] + [(seed, 0.1, 0.5) for seed in (0, 1)]
