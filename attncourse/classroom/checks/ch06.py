@@ -23,13 +23,13 @@ def _slopes_from_bias(n_heads):  # read back off the course's bias: entry (h, 1,
     return -alibi_bias(n_heads, 2)[:, 1, 0]
 
 
-@exercise("06-slopes-bug", "alibi_slopes_fixed", points=2, category="bug",
+@exercise("06-find-the-bug-1", "alibi_slopes_fixed", points=2, category="bug", aliases=("06-slopes-bug",),
           forbid=("attncourse.positions.alibi_slopes",), allow=(), ops=(),
           shortcuts=(_slopes_by_library, _slopes_from_bias),
           prop_doc="output equality is the property: the slopes are a list of numbers, and every course function "
                    "that holds them (the slopes, the bias, the grouped bias) is refused",
           bug_words=("too few", "no slope", "missing slope", "without a slope", "fewer slopes", "the last line",
-                     "only returns", "returns only", "drops the", "missing heads", "slopes-bug"),
+                     "only returns", "returns only", "drops the", "missing heads"),
           hint="compare what it returns with what a model of that many heads needs, for several head counts; Press "
                "et al.'s get_slopes (ofirpress/attention_with_linear_biases) is the reference")
 def _slopes():
@@ -175,12 +175,12 @@ def _encoder_by_bias_at(n_heads, seq_len):
     return _encoder_bias_reference(n_heads, seq_len)
 
 
-@exercise("06-encoder-alibi", "encoder_alibi_bias", points=2, category="bug",
+@exercise("06-find-the-bug-2", "encoder_alibi_bias", points=2, category="bug", aliases=("06-encoder-alibi",),
           allow=("attncourse.positions.alibi_slopes",), ops=(), shortcuts=(_encoder_by_abs, _encoder_by_bias_at),
           prop_doc="output equality is the property: the bias is a tensor formula given the slopes (allowed); every "
                    "course function that builds a bias is refused",
           bug_words=("symmetric", "absolute distance", "rewards", "favours later", "prefers later", "absolute value",
-                     "both sides", "same way on", "|i - j|", "|j - i|", "future keys", "keys in the future",
+                     "both sides", "same way on", "|i - j|", "|j - i|", "keys in the future",
                      "positive for", "bonus", "favour keys after", "favors later"),
           hint="there is no causal mask in an encoder: for a query in the middle, compare the bias of a key some "
                "places after it with that of a key the same distance before")
