@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch._dynamo  # noqa: F401 - see below
 import torch.nn.functional as F
 from torch import nn
 
 from attncourse.mha import MultiHeadAttention
 from attncourse.transformer import TransformerBlock
 from . import Case, exercise
-
-# The guard's dispatch mode makes PyTorch import torch._dynamo on its first use; imported there, under the guard's
-# profile hook, that takes 20-30 s on two loaded cores, so the first check cell of a kernel looked hung. Imported
-# here, outside the hook, it costs a few seconds once.
 
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
            "torch.nn.MultiheadAttention", "attncourse.scaled_dot_product_attention",

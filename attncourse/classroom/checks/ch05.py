@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch._dynamo  # noqa: F401 - see below
 
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_cache_bytes
 from . import Case, exercise
-
-# The guard's dispatch mode makes PyTorch import torch._dynamo on its first use; imported there, under the guard's
-# profile hook, that takes 20-30 s on two loaded cores, so the first check cell of a kernel looked hung. Imported
-# here, outside the hook, it costs a few seconds once.
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
 

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch._dynamo  # noqa: F401 - see below
 
 from attncourse.masks import causal_bottom_right, materialize
 from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, grouped_alibi_bias,
                                   rope_permutation)
 from . import Case, exercise
-
-# The guard's dispatch mode makes PyTorch import torch._dynamo on its first use; imported there, under the guard's
-# profile hook, that takes 20-30 s on two loaded cores, so the first check cell of a kernel looked hung. Imported
-# here, outside the hook, it costs a few seconds once.
 
 
 def _slopes_by_library(n_heads):  # the course's slopes, the function the check compares with
