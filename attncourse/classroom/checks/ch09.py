@@ -251,9 +251,12 @@ def bf16_errors(seed: int, seq_len: int) -> tuple[float, float]:
 def _errors_close(got, expected):
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(x, float) for x in got)):
         return f"expected a tuple of two Python floats, got {got!r}"
-    for name, g, e in zip(("the tiled error", "the plain error"), got, expected):
-        if not abs(g - e) <= 0.1 * e:
-            return (f"{name} is {g:.3g}, more than 10% away from what the same measurement gives here: "
+    # the tiled error is the package's kernel against float64: the same measurement gives the same number (to 1e-4);
+    # the plain formula rounds in bfloat16 wherever the learner's order of operations does, hence 10%
+    for name, g, e, tol in zip(("the tiled error", "the plain error"), got, expected, (1e-4, 0.1)):
+        if not abs(g - e) <= tol * e:
+            how_far = f"{tol:.0%}" if tol >= 0.01 else f"{tol:g} (relative)"
+            return (f"{name} is {g:.3g}, more than {how_far} away from what the same measurement gives here: "
                     "check the inputs (seed, scale, dtype) and the reference")
     return None
 
