@@ -221,7 +221,7 @@ def _breaker_recompute_prefix(state, x):
           prop_doc="a decode step is fed one new token per sequence (every matrix product sees B rows, seen in the "
                    "trace); the cache holds the rest",
           bug_words=("offset", "position zero", "same position for every", "always at position", "pe[0]",
-                     "pe[t]", "pe[i]", "position 0 at every", "at position 0", "first position every",
+                     "pe[t]", "pe[i]", "position 0 at every", "position 0 to every", "first position every",
                      "sinusoidal_positions(t, d)[t", "current position", "absolute position of the new",
                      "index the position", "wrong position", "every token gets the position", "position of the token"),
           title="Fix a token-by-token decode loop that disagrees with the full forward",
