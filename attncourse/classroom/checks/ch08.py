@@ -139,10 +139,6 @@ _REDUCTIONS = re.compile(r"^(sum|nansum|mean|amax|amin|max|min|aminmax|prod|all|
                          r"einsum|tensordot|baddbmm|max_pool\w*|avg_pool\w*)$")
 
 
-def _chunk_label(tensors) -> bool:
-    return any(isinstance(t[0], str) and t[0].startswith("chunk ") for t in tensors)
-
-
 def _reads_once(runs) -> str | None:
     """One pass over a one-shot stream: no reduction over more than a chunk's entries, and, once the stream is
     exhausted, a constant amount of work per row (not a second pass over kept chunks)."""
@@ -160,8 +156,15 @@ def _reads_once(runs) -> str | None:
                 return (f"case '{run.case.name}': your code reduces over {tensors[0][2][-1]} entries of a row at once, "
                         f"more than a chunk ({chunk_size}): it kept the chunks and made another pass over them; "
                         "fold each chunk into the running state while you hold it")
-        last = max((i for i, (_n, _l, _h, tensors) in enumerate(ops) if _chunk_label(tensors)), default=-1)
-        tails[run.case.name] = (expected_chunks, _work(ops[last + 1:]))
+        # the stream ends where the guard overwrites its last chunk with NaN (the first fill_ of that chunk: a label
+        # follows a storage, and freed memory can come back under a new tensor)
+        final = f"chunk {expected_chunks - 1}"
+        end = next((i for i, (name, _l, _h, tensors) in enumerate(ops)
+                    if _op(name) == "fill_" and tensors and tensors[0][0] == final), None)
+        if end is None:
+            end = max((i for i, (_n, _l, _h, tensors) in enumerate(ops) if any(t[0] == final for t in tensors)),
+                      default=len(ops) - 1)
+        tails[run.case.name] = (expected_chunks, _work(ops[end + 1:]))
     few = min(tails.values())
     many = max(tails.values())
     if many[1] > few[1] + 4:
