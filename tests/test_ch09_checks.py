@@ -67,7 +67,6 @@ def test_tile_backward_right_and_library_routes(tmp_path, monkeypatch):
     from attncourse import flash
 
     def private_backward(q, k, v, out, lse, d_out, scale):  # the review's route: the package's private helper
-        lead = q.shape[:-2]
         flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
         return flash._tiled_backward(flat(q)[:, None], flat(k), flat(v), flat(out)[:, None], lse.reshape(-1, 1, lse.shape[-1]),
                                      flat(d_out)[:, None], None, None, scale, 64, 64)
