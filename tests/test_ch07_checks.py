@@ -248,3 +248,11 @@ def test_dropped_mass_right_and_wrong():
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(q, k, w + 1, m))  # keeps one key too many
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(q, k, w, -m))  # bias sign flipped
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(k, q, w, m))  # queries and keys swapped
+
+
+def test_dropped_mass_reference_and_closed_forms_refused():
+    from attncourse.classroom.checks.ch07 import window_dropped_mass
+
+    assert "called" in failure("07-window-dropped-mass", window_dropped_mass)
+    # a closed form for uniform attention over the causal prefix, which ignores the scores
+    failure("07-window-dropped-mass", lambda q, k, w, m: sum(max(i + 1 - w, 0) / (i + 1) for i in range(q.shape[0])) / q.shape[0])

@@ -195,7 +195,7 @@ def _window_bug():
     gen = torch.Generator().manual_seed(12)
     cases = []
     for name, (t, d, window, bq, bk) in {
-        "T=40, window 8, blocks 8 x 8 (aligned)": (40, 8, 8, 8, 8),
+        "T=40, window 8, blocks 8 x 8": (40, 8, 8, 8, 8),
         "T=37, window 5, blocks 8 x 4": (37, 8, 5, 8, 4),
         "T=50, window 12, blocks 16 x 8": (50, 16, 12, 16, 8),
         "T=23, window 1, blocks 4 x 4": (23, 8, 1, 4, 4),
