@@ -79,7 +79,7 @@ def _shortcut_online_update(out, lse, s, v):
     """Chapter 08's library update on the state (m, l, acc) = (lse, 1, out): must be refused."""
     from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
 
-    state = AttentionState(lse, torch.isfinite(lse).to(out.dtype), out)
+    state = AttentionState(lse, (lse > _NEG_INF).to(out.dtype), out)  # l = 1 where a key was seen
     return finalize_attention_state(online_attention_update(state, s, v))
 
 
@@ -161,15 +161,18 @@ def _query_blocks_needed(t_q, t_k, block_q, block_k, causal_align, window) -> to
 
 
 def _shortcut_query_blocks(t_q, t_k, block_q, block_k, causal_align, window):
-    """Materialise the mask with the course's mask functions and reduce it per tile: must be refused."""
-    from attncourse import masks
+    """Materialise the mask with the course's causal mask (a window on top) and reduce it per tile: must be refused."""
+    from attncourse.sdpa import causal_mask
 
     offset = t_k - t_q if causal_align == "bottom_right" else 0
-    w = window if window is not None else t_k + t_q
-    mask = masks.materialize(lambda b, h, i, j: (j <= i + offset) & (j > i + offset - w), t_q, t_k)
+    rows = torch.arange(t_q)[:, None] + offset  # (Tq, 1) aligned positions
+    keep = causal_mask(t_q + max(offset, 0), t_k)[max(offset, 0):] if offset >= 0 else \
+        causal_mask(t_q, t_k + t_q)[:, -offset:-offset + t_k] & (rows >= 0)
+    if window is not None:
+        keep = keep & (torch.arange(t_k)[None, :] > rows - window)
     n_qb, n_kb = -(-t_q // block_q), -(-t_k // block_k)
     padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
-    padded[:t_q, :t_k] = mask.reshape(t_q, t_k)
+    padded[:t_q, :t_k] = keep
     return padded.reshape(n_qb, block_q, n_kb, block_k).any(3).any(1).T
 
 
