@@ -229,7 +229,7 @@ def _page_by_page(runs) -> str | None:
           prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence",
           breakers=(_breaker_paged_alibi,),
           bug_words=("modulo", "// group", "consecutive query heads", "adjacent query heads", "which KV head",
-                     "wrong KV head", "round-robin", "round robin", "cyclic", "interleave"),
+                     "wrong KV head", "cyclic", "remainder"),
           hint="test more query heads than KV heads with more than one KV head (say 4 over 2), and compare each "
                "query head's output with dense attention over the keys it should see: which heads come out wrong, "
                "and which are right?")
