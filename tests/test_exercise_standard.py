@@ -189,6 +189,12 @@ class Grader:
         return judge(ex, cases, grader_reply(ex, answer, cases, self.tmp_path, self.monkeypatch, forbid))
 
 
+def outputs_right(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> bool:
+    """Whether the grader's reply holds the right output for every case (the property aside)."""
+    return reply.get("status") == "ok" and len(reply["results"]) == len(cases) and all(
+        r[0] == "ok" and checks.feedback(ex, r[1], c) is None for c, r in zip(cases, reply["results"]))
+
+
 def implement_problems(ex: checks.Exercise, grader: Grader) -> list[str]:
     problems = []
     if not ex.forbid:
@@ -200,8 +206,9 @@ def implement_problems(ex: checks.Exercise, grader: Grader) -> list[str]:
     cases = ex.make_cases()
     for shortcut in map(as_learner, ex.shortcuts):
         name = _name(shortcut)
-        status, message = grader(ex, shortcut, cases, forbid=())
-        if status != "passed":
+        reply = grader_reply(ex, shortcut, cases, grader.tmp_path, grader.monkeypatch, forbid=())
+        if not outputs_right(ex, cases, reply):
+            status, message = judge(ex, cases, reply)
             problems.append(f"{ex.id}: shortcut {name} is not a right answer even with nothing forbidden "
                             f"({status}: {message[:200]}), so refusing it proves nothing")
         msg = checked(ex, shortcut)
@@ -710,9 +717,7 @@ def breaker_problems(ex: checks.Exercise, grader: Grader) -> list[str]:
     for breaker in map(as_learner, ex.breakers):
         name = _name(breaker)
         reply = grader_reply(ex, breaker, cases, grader.tmp_path, grader.monkeypatch)
-        outputs_ok = reply.get("status") == "ok" and all(
-            r[0] == "ok" and checks.feedback(ex, r[1], c) is None for c, r in zip(cases, reply["results"]))
-        if not outputs_ok:
+        if not outputs_right(ex, cases, reply):
             problems.append(f"{ex.id}: breaker {name} does not give the right output on every case "
                             f"({judge(ex, cases, reply)[1][:200]}), so refusing it proves nothing about the property")
             continue
@@ -992,5 +997,7 @@ def test_bug_enforcement_can_fail(fake):
     named = fake("named", "f", list, category="bug", title="Fix the softmax axis", bug_words=("axis",))
     found = bug_problems(named, lesson)
     assert any("title names" in p for p in found) and any("cell 3" in p for p in found)
-    assert bug_problems(fake("silent", "f", list, category="bug", title="Fix it", bug_words=("rescal",)), lesson) == []
+    assert bug_problems(fake("find-the-bug-1", "f", list, category="bug", title="Fix it", bug_words=("rescal",)),
+                        lesson) == []
+    assert any("neutral" in p for p in found)  # 99-named is not a neutral id
     assert "declares no bug_words" in bug_problems(fake("bare", "f", list, category="bug"), lesson)[0]
