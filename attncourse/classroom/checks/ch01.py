@@ -172,12 +172,6 @@ def _shortcut_masked_softmax(scores, lengths):
     return torch._masked_softmax(scores, ~mask, 1, 0).nan_to_num(0.0)
 
 
-def _shortcut_torch_masked(scores, lengths):
-    """torch.masked.softmax does the masking: refused."""
-    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
-    return torch.masked.softmax(scores, 1, mask=mask).nan_to_num(0.0)
-
-
 def _shortcut_sparse(scores, lengths):
     """A sparse softmax over the real positions only: refused."""
     mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
@@ -199,13 +193,11 @@ def _shortcut_fused(scores, lengths):
 @exercise("01-padding-mask", "masked_softmax", points=2, category="implement",
           forbid=("attncourse.sdpa.safe_softmax", "attncourse.rnn_attention.attend",
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
-                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
-                  "torch.masked.softmax", "torch.masked.log_softmax", "torch.sparse.softmax",
-                  "torch.sparse.log_softmax"),
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
                          "aten::_sparse_log_softmax"),
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
-                     _shortcut_torch_masked, _shortcut_sparse, _shortcut_fused),
+                     _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
                    "over the real positions; a plain softmax is allowed, the masking is the skill",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
