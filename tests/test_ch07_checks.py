@@ -10,12 +10,46 @@ import torch
 
 from attncourse import KVCache, MultiHeadAttention, sinusoidal_positions
 from attncourse.classroom import checks
+from attncourse.classroom.grading.remote import judge
+from test_exercise_standard import as_learner, grader_reply
 
 
 def failure(exercise_id, answer):
     with pytest.raises(checks.CheckFailed) as info:
         checks.check(exercise_id, answer)
     return str(info.value)
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch):
+    """`answer`, typed by a learner, is refused by the check cell and by the grader: both messages."""
+    ex = checks.get(exercise_id)
+    learner = as_learner(answer)
+    msg = failure(exercise_id, learner)
+    cases = ex.make_cases()
+    status, graded = judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))
+    assert status == "failed", (status, graded)
+    return msg, graded
+
+
+def accepted(exercise_id, answer, tmp_path, monkeypatch):
+    ex = checks.get(exercise_id)
+    learner = as_learner(answer)
+    checks.check(exercise_id, learner)
+    cases = ex.make_cases()
+    assert judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))[0] == "passed"
+
+
+# ----------------------------------------------------------------------------- every shortcut and breaker, both paths
+
+
+@pytest.mark.parametrize("ex", [e for e in checks.exercises_for("07") if e.shortcuts or e.breakers], ids=lambda e: e.id)
+def test_shortcuts_and_breakers_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
+    for shortcut in ex.shortcuts:
+        msg, graded = refused(ex.id, shortcut, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (shortcut.__name__, msg)
+    for breaker in ex.breakers:
+        msg, graded = refused(ex.id, breaker, tmp_path, monkeypatch)
+        assert "not the way this exercise asks" in msg and "not the way this exercise asks" in graded, (breaker.__name__, msg)
 
 
 # ----------------------------------------------------------------------------- 1. cache mask
@@ -48,8 +82,8 @@ def cache_update(buf_k, buf_v, length, k_new, v_new):
     return buf_k[:, :, :end], buf_v[:, :, :end]
 
 
-def test_cache_update_right_and_wrong():
-    checks.check("07-cache-update", cache_update)
+def test_cache_update_right_and_wrong(tmp_path, monkeypatch):
+    accepted("07-cache-update", cache_update, tmp_path, monkeypatch)
 
     def forgets_old(buf_k, buf_v, length, k_new, v_new):
         return k_new, v_new
@@ -61,6 +95,25 @@ def test_cache_update_right_and_wrong():
         return buf_k, buf_v
 
     failure("07-cache-update", whole_buffer)
+
+    def fresh_tensors(buf_k, buf_v, length, k_new, v_new):  # right values, the buffers untouched, no torch.cat
+        out = []
+        for buf, new in ((buf_k, k_new), (buf_v, v_new)):
+            t = torch.zeros(*buf.shape[:2], length + new.shape[2], buf.shape[3], dtype=buf.dtype)
+            t[:, :, :length] = buf[:, :, :length]
+            t[:, :, length:] = new
+            out.append(t)
+        return tuple(out)
+
+    for msg in refused("07-cache-update", fresh_tensors, tmp_path, monkeypatch):
+        assert "not the way" in msg
+
+    def written_then_copied(buf_k, buf_v, length, k_new, v_new):  # in place, but hands back copies
+        return tuple(t.clone() for t in cache_update(buf_k, buf_v, length, k_new, v_new))
+
+    for msg in refused("07-cache-update", written_then_copied, tmp_path, monkeypatch):
+        assert "copies" in msg
+
 
 
 # ----------------------------------------------------------------------------- 3. decode bug
@@ -77,9 +130,58 @@ def decode(state, x, *, fixed):
     return torch.cat(outs, dim=1)
 
 
-def test_decode_bug_fixed_passes_and_buggy_fails():
-    checks.check("07-decode-bug", lambda s, x: decode(s, x, fixed=True))
-    assert "B=" in failure("07-decode-bug", lambda s, x: decode(s, x, fixed=False))
+def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
+    accepted("07-find-the-bug-1", lambda s, x: decode(s, x, fixed=True), tmp_path, monkeypatch)
+    checks.check("07-decode-bug", lambda s, x: decode(s, x, fixed=True))  # the earlier id still checks
+    assert "B=" in failure("07-find-the-bug-1", lambda s, x: decode(s, x, fixed=False))
+
+
+def full_forward(state, x):  # the review's route: no decode, no cache
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    with torch.no_grad():
+        return mha(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
+
+
+def prefix_recompute(state, x):  # token by token, but every step runs the whole prefix again
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    pe = sinusoidal_positions(x.shape[1], 16)
+    with torch.no_grad():
+        return torch.cat([mha(x[:, :i + 1] + pe[:i + 1], is_causal=True)[:, -1:] for i in range(x.shape[1])], dim=1)
+
+
+def by_hand_with_sdpa(state, x):  # the weights by hand and PyTorch's fused attention
+    b, t, d = x.shape
+    h = x + sinusoidal_positions(t, d)
+    q, k, v = (torch.nn.functional.linear(h, state[f"{n}_proj.weight"]).view(b, t, 4, 4).transpose(1, 2)
+               for n in "qkv")
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.nn.functional.linear(o.transpose(1, 2).reshape(b, t, d), state["o_proj.weight"])
+
+
+def by_hand_matmul(state, x):  # the weights by hand, a plain softmax, every position at once
+    b, t, d = x.shape
+    h = x + sinusoidal_positions(t, d)
+    q, k, v = ((h @ state[f"{n}_proj.weight"].T).view(b, t, 4, 4).transpose(1, 2) for n in "qkv")
+    s = (q @ k.transpose(-2, -1) / 2.0).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
+    o = torch.softmax(s, dim=-1) @ v
+    return o.transpose(1, 2).reshape(b, t, d) @ state["o_proj.weight"].T
+
+
+def gpt_like_module(state, x):  # the course's module called directly on the whole sequence, via forward()
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    with torch.no_grad():
+        return mha.forward(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
+
+
+@pytest.mark.parametrize("route", [full_forward, prefix_recompute, by_hand_with_sdpa, by_hand_matmul, gpt_like_module])
+def test_decode_bug_routes_without_decoding_are_refused(route, tmp_path, monkeypatch):
+    torch.testing.assert_close(route(*checks.get("07-find-the-bug-1").make_cases()[0].args),
+                               checks.get("07-find-the-bug-1").make_cases()[0].expected, rtol=1e-4, atol=1e-5)
+    msg, graded = refused("07-find-the-bug-1", route, tmp_path, monkeypatch)
+    assert ("tokens of each sequence" in msg or "called" in msg) and "position" not in msg.split("hint")[0]
 
 
 # ----------------------------------------------------------------------------- 4. eviction
@@ -96,6 +198,31 @@ def test_sink_eviction_right_and_wrong():
 
 
 # ----------------------------------------------------------------------------- 5. predict
+
+
+def test_prediction_verify_cell_waits_for_a_pass():
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    nb = nbformat.read(ROOT / "exercises" / "07_causal_masks_kv_cache.ipynb", as_version=4)
+    verify = [c for c in nb.cells if c.cell_type == "code" and "SinkWindowCache(1, 1, 2, window=4, n_sink=8)" in c.source]
+    assert verify and all(c.source.startswith('if passed("07-predict-sizes")') for c in verify)
+
+
+def test_bug_words_stay_out_of_the_exercise_notebook():
+    import re
+
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    nb = nbformat.read(ROOT / "exercises" / "07_causal_masks_kv_cache.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells)
+    ex = checks.get("07-find-the-bug-1")
+    assert ex.id.startswith("07-find-the-bug") and "07-decode-bug" in ex.aliases
+    for word in ex.bug_words:
+        assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", text, flags=re.IGNORECASE), word
 
 
 def test_prediction_wrong_part_named_value_hidden():
@@ -121,3 +248,11 @@ def test_dropped_mass_right_and_wrong():
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(q, k, w + 1, m))  # keeps one key too many
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(q, k, w, -m))  # bias sign flipped
     failure("07-window-dropped-mass", lambda q, k, w, m: dropped_mass(k, q, w, m))  # queries and keys swapped
+
+
+def test_dropped_mass_reference_and_closed_forms_refused():
+    from attncourse.classroom.checks.ch07 import window_dropped_mass
+
+    assert "called" in failure("07-window-dropped-mass", window_dropped_mass)
+    # a closed form for uniform attention over the causal prefix, which ignores the scores
+    failure("07-window-dropped-mass", lambda q, k, w, m: sum(max(i + 1 - w, 0) / (i + 1) for i in range(q.shape[0])) / q.shape[0])

@@ -1,26 +1,40 @@
 """Chapter 10's checks can fail: wrong answers of the kinds a learner writes are refused, for the right reason.
 
-The answers here are plain PyTorch (the checks judge results; the notebook's launchers run the learner's Triton),
-so they are checked with the exercise's forbidden list emptied: the guard would rightly refuse their torch.exp.
+The first answers here are plain PyTorch (they judge the checks' cases), checked with the exercise's forbidden
+list, operator families and property emptied: the guard would rightly refuse them for computing outside a kernel.
+The routes of issue 23 (review ch10-12, section 4) are then tried against the real checks, with real Triton kernels
+under the interpreter, through the check cell and the grader: plain PyTorch in place of a kernel, a kernel that does
+nothing with the arithmetic around it, the package's private ``@triton.jit`` helper, heads rearranged around the
+buggy kernel, the checks' own reference, and one decode copied for every number of splits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from unittest import mock
 
 import pytest
 import torch
 
-from attncourse.classroom import checks
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: kernels run in NumPy
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attncourse.classroom import checks  # noqa: E402
+from test_exercise_standard import Grader, as_learner  # noqa: E402
+
+from attncourse.triton_common import _query_range  # noqa: E402 (the review's X3: the package's own @triton.jit helper)
 
 
 def check(exercise_id, answer):
-    """checks.check with nothing forbidden: these PyTorch answers stand in for the learner's Triton."""
-    ex = dataclasses.replace(checks.get(exercise_id), forbid=())
-    with mock.patch.dict(checks._REGISTRY, {exercise_id: ex}):
-        checks.check(exercise_id, answer)
+    """checks.check with nothing forbidden and no property: these PyTorch answers stand in for the learner's Triton."""
+    ex = dataclasses.replace(checks.get(exercise_id), forbid=(), ops=(), prop=None)
+    with mock.patch.dict(checks._REGISTRY, {ex.id: ex}):
+        checks.check(ex.id, answer)
 
 
 def failure(exercise_id, answer):
@@ -81,8 +95,8 @@ def decode_torch(query, key, value, *, kv_head):
 
 
 def test_decode_bug_check_catches_the_bug_and_only_it():
-    check("10-decode-bug", lambda q, k, v: decode_torch(q, k, v, kv_head=lambda h, H, G: h // (H // G)))
-    message = failure("10-decode-bug", lambda q, k, v: decode_torch(q, k, v, kv_head=lambda h, H, G: h % G))
+    check("10-find-the-bug-1", lambda q, k, v: decode_torch(q, k, v, kv_head=lambda h, H, G: h // (H // G)))
+    message = failure("10-find-the-bug-1", lambda q, k, v: decode_torch(q, k, v, kv_head=lambda h, H, G: h % G))
     assert "GQA: 8 query heads over 2 KV heads" in message  # MHA and MQA cases pass with the bug
 
 
@@ -101,6 +115,195 @@ def test_experiment_recomputes_per_seed():
     reference = checks.get("10-split-experiment").make_cases()[0].expected
     with pytest.raises(checks.CheckFailed):
         checks.check("10-split-experiment", lambda seed: reference)  # seed 0's numbers for every seed
+
+
+# ----------------------------------------------------------------------------- the routes, against the real checks
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, *, because):
+    """`answer` is refused by the check cell and by the grader, with `because` in both messages."""
+    ex = checks.get(exercise_id)
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check(exercise_id, answer)
+    status, message = Grader(tmp_path, monkeypatch)(ex, answer, ex.make_cases())
+    assert status == "failed", message
+    assert because in str(info.value) and because in message, (str(info.value), message)
+
+
+@triton.jit
+def lse_update_kernel(OUT, LSE, S, V, OUT_NEW, LSE_NEW, n_rows, n_keys, head_dim,
+                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols, dims = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_D)
+    r_ok, c_ok, d_ok = rows < n_rows, cols < n_keys, dims < head_dim
+    s = tl.load(S + rows[:, None] * n_keys + cols[None, :], mask=r_ok[:, None] & c_ok[None, :], other=float("-inf"))
+    v = tl.load(V + cols[:, None] * head_dim + dims[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.load(OUT + rows[:, None] * head_dim + dims[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + rows, mask=r_ok, other=float("-inf"))
+    ref = tl.maximum(lse, tl.max(s, 1))
+    ref = tl.where(ref == float("-inf"), 0.0, ref)
+    w_old = tl.exp(lse - ref)
+    p = tl.exp(s - ref[:, None])
+    total = w_old + tl.sum(p, 1)
+    safe = tl.where(total > 0, total, 1.0)
+    acc = w_old[:, None] * out + tl.dot(p, v)
+    tl.store(OUT_NEW + rows[:, None] * head_dim + dims[None, :], acc / safe[:, None], mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(LSE_NEW + rows, tl.where(total > 0, ref + tl.log(safe), float("-inf")), mask=r_ok)
+
+
+def lse_update_triton(out, lse, s, v):
+    out, lse, s, v = (x.float().contiguous() for x in (out, lse, s, v))
+    (n_rows, n_keys), head_dim = s.shape, v.shape[1]
+    out_new, lse_new = torch.empty_like(out), torch.empty_like(lse)
+    lse_update_kernel[(triton.cdiv(n_rows, 16),)](out, lse, s, v, out_new, lse_new, n_rows, n_keys, head_dim,
+                                                  BLOCK_R=16, BLOCK_C=max(16, triton.next_power_of_2(n_keys)),
+                                                  BLOCK_D=max(16, triton.next_power_of_2(head_dim)))
+    return out_new, lse_new
+
+
+@triton.jit
+def copy_kernel(X, Y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
+
+
+def test_online_update_in_triton_passes_and_every_route_around_the_kernel_is_refused(tmp_path, monkeypatch):
+    checks.check("10-online-update", lse_update_triton)
+
+    def exp2_pytorch(out, lse, s, v):  # the review's X2: torch.exp2 in plain PyTorch, no kernel
+        c = 1.4426950408889634
+        ref = torch.maximum(lse, s.amax(-1))
+        ref = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)
+        w_old, p = torch.exp2((lse - ref) * c), torch.exp2((s - ref[:, None]) * c)
+        total = w_old + p.sum(-1)
+        safe = torch.where(total > 0, total, torch.ones_like(total))
+        return ((w_old[:, None] * out + p @ v) / safe[:, None],
+                torch.where(total > 0, ref + torch.log(safe), torch.full_like(ref, float("-inf"))))
+
+    refused("10-online-update", exp2_pytorch, tmp_path, monkeypatch, because="no Triton kernel ran")
+
+    def kernel_for_show(out, lse, s, v):  # a kernel launched (it copies), the arithmetic in PyTorch around it
+        spare = torch.empty_like(lse)
+        copy_kernel[(1,)](lse, spare, lse.numel(), BLOCK=max(16, triton.next_power_of_2(lse.numel())))
+        return exp2_pytorch(out, spare, s, v)
+
+    refused("10-online-update", kernel_for_show, tmp_path, monkeypatch, because="outside the kernel")
+
+    def chapter_08(out, lse, s, v):
+        from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
+        state = AttentionState(lse, torch.isfinite(lse).to(out.dtype), out)
+        return finalize_attention_state(online_attention_update(state, s, v))
+
+    refused("10-online-update", chapter_08, tmp_path, monkeypatch, because="called attncourse.online_softmax")
+    for breaker in checks.get("10-online-update").breakers:
+        refused("10-online-update", as_learner(breaker), tmp_path, monkeypatch, because="not the way")
+
+
+@triton.jit
+def query_blocks_kernel(VISIT, T_Q, T_K, OFFSET, WINDOW, n_qb, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                        HAS_WINDOW: tl.constexpr, QB: tl.constexpr):
+    k_start = tl.program_id(0) * BLOCK_K
+    q_blocks = tl.arange(0, QB)
+    lo = tl.maximum(k_start - OFFSET, 0) // BLOCK_Q * BLOCK_Q
+    hi = T_Q
+    if HAS_WINDOW:
+        hi = tl.maximum(tl.minimum(T_Q, tl.minimum(k_start + BLOCK_K, T_K) - 1 + WINDOW - OFFSET), 0)
+    starts = q_blocks * BLOCK_Q
+    tl.store(VISIT + tl.program_id(0) * QB + q_blocks, ((starts >= lo) & (starts < hi) & (q_blocks < n_qb)).to(tl.int32))
+
+
+@triton.jit
+def query_blocks_kernel_package(VISIT, T_Q, T_K, OFFSET, WINDOW, n_qb, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                                HAS_WINDOW: tl.constexpr, QB: tl.constexpr):
+    lo, hi = _query_range(tl.program_id(0) * BLOCK_K, T_Q, T_K, OFFSET, WINDOW, BLOCK_Q, BLOCK_K, True, HAS_WINDOW)
+    q_blocks = tl.arange(0, QB)
+    starts = q_blocks * BLOCK_Q
+    tl.store(VISIT + tl.program_id(0) * QB + q_blocks, ((starts >= lo) & (starts < hi) & (q_blocks < n_qb)).to(tl.int32))
+
+
+def launch_query_blocks(kernel, t_q, t_k, block_q, block_k, causal_align, window):
+    offset = t_k - t_q if causal_align == "bottom_right" else 0
+    n_qb, n_kb = triton.cdiv(t_q, block_q), triton.cdiv(t_k, block_k)
+    qb = triton.next_power_of_2(n_qb)
+    visit = torch.zeros(n_kb, qb, dtype=torch.int32)
+    kernel[(n_kb,)](visit, t_q, t_k, offset, window or 0, n_qb, BLOCK_Q=block_q, BLOCK_K=block_k,
+                    HAS_WINDOW=window is not None, QB=qb)
+    return visit[:, :n_qb].bool()
+
+
+def test_causal_blocks_in_triton_passes_and_the_routes_are_refused(tmp_path, monkeypatch):
+    checks.check("10-causal-blocks", lambda *a: launch_query_blocks(query_blocks_kernel, *a))
+    with pytest.raises(checks.CheckFailed, match="triton_common"):
+        checks.check("10-causal-blocks", lambda *a: launch_query_blocks(query_blocks_kernel_package, *a))
+
+    def python_table(*args):  # a kernel launched for show, the table computed in Python and written from Python
+        table = query_blocks_torch(*args)
+        spare = torch.zeros(16, dtype=torch.int32)
+        copy_kernel[(1,)](spare, spare.clone(), 16, BLOCK=16)
+        return table
+
+    refused("10-causal-blocks", python_table, tmp_path, monkeypatch, because="outside the kernel")
+    for breaker in checks.get("10-causal-blocks").breakers:
+        refused("10-causal-blocks", as_learner(breaker), tmp_path, monkeypatch, because="no Triton kernel ran")
+
+
+def test_decode_bug_routes_are_refused(tmp_path, monkeypatch):
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    nb = nbformat.read(ROOT / "exercises" / "10_flash_attention_triton.ipynb", as_version=4)
+    given = next(c.source for c in nb.cells if c.source.startswith("@triton.jit\ndef decode_kernel("))
+    path = tmp_path / "given_decode.py"  # the notebook's buggy kernel and launcher, in a file of the learner's
+    path.write_text("import torch, triton\nimport triton.language as tl\n"
+                    "from attncourse import scaled_dot_product_attention\n" + given)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("given_decode", path)
+    given_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(given_mod)
+
+    def heads_rearranged(query, key, value):  # the buggy kernel, fed query heads in the order its bug expects
+        h, h_kv = query.shape[1], key.shape[1]
+        g = h // h_kv
+        order = torch.tensor([(j % h_kv) * g + j // h_kv for j in range(h)])  # program j reads KV head j % Hkv
+        out = given_mod.launch_decode(given_mod.decode_kernel, query[:, order], key, value)
+        return out[:, torch.argsort(order)]
+
+    check("10-find-the-bug-1", heads_rearranged)  # a right output ...
+    refused("10-find-the-bug-1", heads_rearranged, tmp_path, monkeypatch, because="outside the kernel")  # ... refused
+    refused("10-decode-bug", lambda q, k, v: decode_torch(q, k, v, kv_head=lambda h, H, G: h // (H // G)),
+            tmp_path, monkeypatch, because="softmax")  # the old id still grades
+
+    def package_kernel(query, key, value):
+        from attncourse.triton_decode import triton_flash_decode
+        return triton_flash_decode(query, key, value)
+
+    refused("10-find-the-bug-1", package_kernel, tmp_path, monkeypatch, because="called attncourse.triton_decode")
+    for breaker in checks.get("10-find-the-bug-1").breakers:
+        refused("10-find-the-bug-1", as_learner(breaker), tmp_path, monkeypatch, because="no Triton kernel ran")
+
+
+def test_split_experiment_routes_are_refused(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch10 import split_errors_reference
+    from attncourse.triton_decode import triton_flash_decode
+
+    with pytest.raises(checks.CheckFailed, match="called attncourse.classroom"):
+        checks.check("10-split-experiment", split_errors_reference)
+
+    def one_decode_three_times(seed):  # the splits measured once, with one split, and copied
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.randn(1, 4, 1, 32, generator=gen).half()
+        k, v = (torch.randn(1, 1, 128, 32, generator=gen).half() for _ in range(2))
+        kk, vv = (x.double().expand(1, 4, 128, 32) for x in (k, v))
+        w = torch.softmax(q.double() @ kk.transpose(-2, -1) / math.sqrt(32), -1)
+        error = (triton_flash_decode(q, k, v, num_splits=1).double() - w @ vv).abs().max().item()
+        return torch.tensor([error] * 3, dtype=torch.float64)
+
+    with pytest.raises(checks.CheckFailed, match="seed 2"):
+        checks.check("10-split-experiment", one_decode_three_times)
+    with pytest.raises(checks.CheckFailed):
+        checks.check("10-split-experiment", lambda seed: torch.full((3,), 2.0 ** -12, dtype=torch.float64))
 
 
 def test_plain_pytorch_instead_of_triton_is_refused():

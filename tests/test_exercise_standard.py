@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import io
 import keyword
 import math
@@ -110,12 +111,30 @@ def test_each_chapter_has_every_category(chapter):
 # ----------------------------------------------------------------------------- the grader's judging path, in this process
 
 
+_KERNEL: dict = {}
+
+
+def _kernel_grade():
+    """The grader's kernel-side function, built once from its source as the grader sends it."""
+    if not _KERNEL:
+        exec(KERNEL_SIDE, _KERNEL)
+    return next(v for k, v in _KERNEL.items() if k.endswith("_grade") and callable(v))
+
+
+def _kernel_run():
+    """The guard's `run` as the grader's kernel has it (compiled from the source the grader sends)."""
+    if "run" not in _KERNEL:
+        namespace = {"__name__": "attncourse_call_guard"}
+        source = Path(checks.forbidden.__file__).read_text(encoding="utf-8")
+        exec(compile(source, "<attncourse call guard>", "exec"), namespace)
+        _KERNEL["run"] = namespace["run"]
+    return _KERNEL["run"]
+
+
 def grader_reply(ex: checks.Exercise, answer: Any, cases: list[checks.Case], tmp_path: Path, monkeypatch,
                  forbid: tuple[str, ...] | None = None) -> dict:
     """What the grader's kernel-side function replies for `answer` on `cases` (run here, not in a kernel)."""
-    namespace: dict = {}
-    exec(KERNEL_SIDE, namespace)
-    grade_fn = next(v for k, v in namespace.items() if k.endswith("_grade") and callable(v))
+    grade_fn = _kernel_grade()
     monkeypatch.setitem(sys.modules["__main__"].__dict__, ex.target, answer)
     src, out = tmp_path / f"{ex.id}.in.pt", tmp_path / f"{ex.id}.out.pt"
     torch.save([(tuple(c.args), dict(c.kwargs)) for c in cases], src)
@@ -360,13 +379,30 @@ def names_the_bug(word: str, text: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", text, flags=re.IGNORECASE) is not None
 
 
+def exercise_text(chapter: str) -> list[tuple[str, int, str]]:
+    """(notebook, cell index, text) of every markdown and code cell of the chapter's exercise notebook(s), and of
+    the outputs stored in them: what a learner reads while doing the exercise."""
+    out = []
+    for p in notebooks(ROOT / "exercises", chapter):
+        for i, c in enumerate(read(p).cells):
+            if c.cell_type in ("markdown", "code"):
+                out.append((p.name, i, c.source))
+            if c.cell_type == "code" and c.get("outputs"):
+                out.append((p.name, i, output_text(c)))
+    return out
+
+
 def bug_problems(ex: checks.Exercise, lesson: list[tuple[str, int, str]]) -> list[str]:
     problems = []
     if not ex.bug_words:
         problems.append(f"{ex.id}: declares no bug_words=(...) (the words that would name the bug)")
+    if not re.fullmatch(r"\d\d-find-the-bug(-\d+)?", ex.id):
+        problems.append(f"{ex.id}: a bug exercise's id is neutral (NN-find-the-bug-K; keep the old id in aliases)")
     for word in ex.bug_words:
-        if names_the_bug(word, ex.title):
-            problems.append(f"{ex.id}: the title names the bug ({word!r}): {ex.title!r}")
+        for what, text in (("title", ex.title), ("id", ex.id.replace("-", " ")), ("hint", ex.hint),
+                           ("property message", ex.prop_doc)):
+            if names_the_bug(word, text):
+                problems.append(f"{ex.id}: the {what} names the bug ({word!r}): {text[:120]!r}")
         for name, index, source in lesson:
             if names_the_bug(word, source):
                 line = next(line for line in source.splitlines() if names_the_bug(word, line))
@@ -376,7 +412,7 @@ def bug_problems(ex: checks.Exercise, lesson: list[tuple[str, int, str]]) -> lis
 
 @pytest.mark.parametrize("chapter", EXERCISE_CHAPTERS)
 def test_bug_exercises_are_not_named_by_title_or_lesson(chapter):
-    lesson = lesson_text(chapter)
+    lesson = lesson_text(chapter) + exercise_text(chapter)
     problems = [p for ex in of_category(chapter, "bug") for p in bug_problems(ex, lesson)]
     report(chapter, "find-the-bug exercises whose bug is named", problems)
 
@@ -641,6 +677,231 @@ def test_verification_cells_assert_what_they_print(chapter):
     problems = [p for folder in (NOTEBOOKS, SOLUTIONS) for path in notebooks(folder, chapter)
                 for p in unasserted_verdicts(path)]
     report(chapter, "cells that print a verdict without asserting it (add an assert or assert_close)", problems)
+
+
+# ----------------------------------------------------------------------------- the guard: policies, properties, corpus
+
+
+def policy_problems(ex: checks.Exercise) -> list[str]:
+    problems = []
+    for name in ex.allow:
+        if checks.forbidden.lookup(name) is None:
+            problems.append(f"{ex.id}: allow names {name!r}, which does not exist")
+    if ex.category in ("implement", "bug") and ex.kind == "function":
+        if ex.ops is None:
+            problems.append(f"{ex.id}: declares no ops=(...) (the PyTorch operator families that would do the job)")
+        if ex.prop is None and not ex.prop_doc:
+            problems.append(f"{ex.id}: declares neither prop= (the property it teaches beyond the output) nor "
+                            "prop_doc= (why output equality is the property)")
+        if ex.prop is not None and not ex.breakers:
+            problems.append(f"{ex.id}: declares prop= but no breakers=(...) (right outputs computed the wrong way)")
+    return problems
+
+
+@pytest.mark.parametrize("chapter", EXERCISE_CHAPTERS)
+def test_every_exercise_declares_its_policy_and_property(chapter):
+    report(chapter, "exercises whose guard or property is undeclared",
+           [p for ex in exercises(chapter) for p in policy_problems(ex)])
+
+
+def breaker_problems(ex: checks.Exercise, grader: Grader) -> list[str]:
+    problems = []
+    cases = ex.make_cases()
+    for breaker in map(as_learner, ex.breakers):
+        name = _name(breaker)
+        reply = grader_reply(ex, breaker, cases, grader.tmp_path, grader.monkeypatch)
+        outputs_ok = reply.get("status") == "ok" and all(
+            r[0] == "ok" and checks.feedback(ex, r[1], c) is None for c, r in zip(cases, reply["results"]))
+        if not outputs_ok:
+            problems.append(f"{ex.id}: breaker {name} does not give the right output on every case "
+                            f"({judge(ex, cases, reply)[1][:200]}), so refusing it proves nothing about the property")
+            continue
+        status, message = judge(ex, cases, reply)
+        if status != "failed" or "not the way" not in message:
+            problems.append(f"{ex.id}: the grader does not refuse breaker {name} by the property ({status}: "
+                            f"{message[:200]})")
+        msg = checked(ex, breaker)
+        if msg is None or "not the way" not in msg:
+            problems.append(f"{ex.id}: the check cell does not refuse breaker {name} by the property: {msg!r:.200}")
+    return problems
+
+
+@pytest.mark.parametrize("chapter", EXERCISE_CHAPTERS)
+def test_properties_refuse_their_breakers(chapter, tmp_path, monkeypatch, capsys):
+    grader = Grader(tmp_path, monkeypatch)
+    problems = [p for ex in exercises(chapter) for p in breaker_problems(ex, grader)]
+    capsys.readouterr()
+    report(chapter, "properties that let a right output computed the wrong way pass", problems)
+
+
+@functools.lru_cache(maxsize=None)
+def library_callables() -> list[tuple[str, Any]]:
+    """Every function and class the package defines, public and private, the checks' own included."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import attncourse
+
+    found, seen = [], set()
+    for info in pkgutil.walk_packages(attncourse.__path__, "attncourse."):
+        if info.name.endswith(("__main__", ".grade", ".cli")) or ".grading" in info.name:
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # chapter 10's modules without Triton
+            continue
+        for name, obj in vars(module).items():
+            target = getattr(obj, "__wrapped__", obj)
+            if (inspect.isfunction(target) or inspect.isclass(target)) and \
+                    getattr(obj, "__module__", "").startswith("attncourse") and id(obj) not in seen:
+                seen.add(id(obj))
+                found.append((f"{obj.__module__}.{name}", obj))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _calling(fn):
+    def answer(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return as_learner(answer)
+
+
+def _op_spellings() -> dict[str, list[tuple[str, Any]]]:
+    """Answers that run one spelling of a forbidden PyTorch operator on small tensors (then return nothing)."""
+    F = torch.nn.functional
+    aten = torch.ops.aten
+    x = lambda: torch.randn(2, 3, 4, 8)  # noqa: E731
+    m = lambda: torch.ones(2, 3, 4, 4, dtype=torch.bool)  # noqa: E731
+
+    def disabled(fn):
+        def call():
+            with torch._C.DisableTorchFunction():
+                return fn()
+        return call
+
+    softmax = [
+        ("torch.softmax", lambda: torch.softmax(x(), -1)), ("Tensor.softmax", lambda: x().softmax(-1)),
+        ("F.softmax", lambda: F.softmax(x(), -1)), ("torch.special.softmax", lambda: torch.special.softmax(x(), -1)),
+        ("torch.log_softmax", lambda: torch.log_softmax(x(), -1)), ("F.log_softmax", lambda: F.log_softmax(x(), -1)),
+        ("Tensor.log_softmax", lambda: x().log_softmax(-1)), ("F.softmin", lambda: F.softmin(x(), -1)),
+        ("nn.Softmax", lambda: torch.nn.Softmax(-1)(x())), ("torch._safe_softmax", lambda: torch._safe_softmax(x(), -1)),
+        ("aten._softmax", lambda: aten._softmax(x(), -1, False)),
+        ("aten._softmax.default", lambda: aten._softmax.default(x(), -1, False)),
+        ("aten.softmax.int", lambda: aten.softmax.int(x(), -1)),
+        ("aten._safe_softmax", lambda: aten._safe_softmax(x(), -1)),
+        ("aten._log_softmax", lambda: aten._log_softmax(x(), -1, False)),
+        ("aten._softmax without torch function", disabled(lambda: aten._softmax.default(x(), -1, False))),
+        ("F.gumbel_softmax", lambda: F.gumbel_softmax(x(), tau=1e-9)),
+    ]
+    logsumexp = [
+        ("torch.logsumexp", lambda: torch.logsumexp(x(), -1)), ("Tensor.logsumexp", lambda: x().logsumexp(-1)),
+        ("torch.special.logsumexp", lambda: torch.special.logsumexp(x(), -1)),
+        ("aten.logsumexp", lambda: aten.logsumexp(x(), [-1])), ("torch.logaddexp", lambda: torch.logaddexp(x(), x())),
+        ("torch.logcumsumexp", lambda: torch.logcumsumexp(x(), -1)),
+        ("aten.logsumexp without torch function", disabled(lambda: aten.logsumexp.default(x(), [-1]))),
+    ]
+    attention = [
+        ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(x(), x(), x())),
+        ("aten.scaled_dot_product_attention", lambda: aten.scaled_dot_product_attention(x(), x(), x())),
+        ("aten._scaled_dot_product_attention_math", lambda: aten._scaled_dot_product_attention_math(x(), x(), x())),
+        ("aten._scaled_dot_product_flash_attention_for_cpu",
+         lambda: aten._scaled_dot_product_flash_attention_for_cpu(x(), x(), x())),
+        ("aten.sdpa with a mask", lambda: aten.scaled_dot_product_attention(x(), x(), x(), m())),
+        ("nn.MultiheadAttention", lambda: torch.nn.MultiheadAttention(8, 2, batch_first=True)(
+            x()[0], x()[0], x()[0])),
+        ("F.multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(8, 2)(x()[0], x()[0], x()[0])),
+        ("math SDPA without torch function",
+         disabled(lambda: aten._scaled_dot_product_attention_math.default(x(), x(), x()))),
+    ]
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        attention.append(("flex_attention", lambda: flex_attention(x(), x(), x())))
+    except ImportError:  # pragma: no cover - an older PyTorch
+        pass
+    anything = [("torch.from_numpy", lambda: torch.from_numpy(__import__("numpy").ones(3)) * 2),
+                ("torch.tensor arithmetic", lambda: torch.tensor([1.0, 2.0]).exp())]
+    return {"softmax": softmax, "logsumexp": logsumexp, "attention": attention, "torch": anything + softmax}
+
+
+def _running(call):
+    def answer(*args, **kwargs):
+        call()
+        return None
+
+    return as_learner(answer)
+
+
+CORPUS_SIZES: dict[str, tuple[int, int]] = {}
+
+
+def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int]:
+    """Every library callable (and every spelling of the operators the exercise forbids) handed in as the
+    answer: none may pass; every one the answer enters that the exercise does not allow is refused as a call."""
+    problems, tried = [], 0
+    cases = ex.make_cases()[:1]  # the first case decides (check() and the grader stop at a refusal)
+    allowed = {checks.forbidden.lookup(name) for name in ex.allow}
+    answers = []
+    for name, obj in library_callables():
+        answers.append((name, obj, obj in allowed))
+        answers.append((f"a call of {name}", _calling(obj), obj in allowed))
+    spell = _op_spellings()
+    for family in ex.forbidden_ops:
+        for name, call in spell.get(family, ()):
+            answers.append((f"{name} ({family})", _running(call), False))
+    for name, answer, is_allowed in answers:
+        tried += 1
+        try:
+            checks.evaluate_run(ex, answer, cases[0])
+            cell = "ran"
+        except checks.CheckFailed as err:
+            cell = "refused" if "called" in str(err) else "failed"
+        except Exception:
+            cell = "raised"
+        # the grader's kernel side: the guard's source as the grader sends it, called as its kernel code calls it
+        # (the file round trip of grader_reply is exercised by the other tests)
+        ran = _kernel_run()(answer, checks.to_numpy_args(cases[0].args) if ex.numpy else cases[0].args,
+                            cases[0].kwargs, ex.policy, sys.modules["__main__"].__dict__)
+        if ran["used"]:
+            status, message = "failed", ran["used"][0]
+        elif ran["error"] is not None:
+            status, message = "error", repr(ran["error"])[:200]
+        else:
+            reply = {"status": "ok", "results": [("ok", checks.to_portable(ran["result"]),
+                                                  checks.to_portable(ran["trace"]))]}
+            status, message = judge(ex, cases, reply)
+        if status == "passed" and not is_allowed:
+            problems.append(f"{ex.id}: the grader accepts {name} handed in as the answer")
+        if cell == "ran":
+            run_got = None
+            try:
+                run_got = checks.evaluate_run(ex, answer, cases[0]).got
+            except Exception:
+                pass
+            if checks.feedback(ex, run_got, cases[0]) is None and not is_allowed:
+                problems.append(f"{ex.id}: the check cell accepts {name} on case '{cases[0].name}'")
+        if " (" in name and not name.startswith("a call") and (cell != "refused" or status != "failed"):
+            problems.append(f"{ex.id}: {name} is not refused as a forbidden call (check cell: {cell}; grader: "
+                            f"{status}: {message[:120]})")
+    return problems, tried
+
+
+@pytest.mark.parametrize("chapter", EXERCISE_CHAPTERS)
+def test_adversarial_corpus_is_refused(chapter, tmp_path, monkeypatch, capsys):
+    if chapter == "10":
+        pytest.importorskip("triton")
+    grader = Grader(tmp_path, monkeypatch)
+    problems, total = [], 0
+    for ex in exercises(chapter):
+        if ex.kind != "function":
+            continue
+        found, tried = corpus_problems(ex, grader)
+        problems += found
+        total += tried
+    capsys.readouterr()
+    print(f"chapter {chapter}: {total} adversarial answers tried")
+    report(chapter, "library callables or operator spellings that pass or escape the guard", problems)
 
 
 # ----------------------------------------------------------------------------- the enforcement itself can fail

@@ -1,5 +1,7 @@
-"""The call guard (attncourse.classroom.checks.forbidden): a forbidden library function is refused however the
-answer reaches it, by the check cell and by the grader's kernel-side code alike; the learner's own code never is."""
+"""The guard (attncourse.classroom.checks.forbidden): what the answer runs is judged, not the names it uses. A
+library function it is not allowed, an operator family it is asked not to use, a check's own reference, or a switch
+that turns the watch off is refused however the answer reaches it, by the check cell and by the grader's
+kernel-side code alike; the learner's own code never is."""
 
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ def my_slopes(n):
 
 @pytest.fixture
 def exercise(monkeypatch):
-    def register(make_cases, forbid, target="answer"):
-        ex = checks.Exercise("99-guard", target, make_cases, forbid=forbid, category="implement")
+    def register(make_cases, forbid, target="answer", **kwargs):
+        ex = checks.Exercise("99-guard", target, make_cases, forbid=forbid, category="implement", **kwargs)
         monkeypatch.setitem(checks._REGISTRY, ex.id, ex)
         return ex
 
@@ -67,7 +69,7 @@ def verdicts(tmp_path, monkeypatch, capsys):
         cases = ex.make_cases()
         torch.save([(tuple(c.args), dict(c.kwargs)) for c in cases], tmp_path / "in.pt")
         namespace["__attncourse_grade"](str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), ex.target, ex.kind,
-                                        ex.numpy, tuple(ex.forbid))
+                                        ex.numpy, ex.policy)
         assert sys.getprofile() is None and not torch.overrides._get_current_function_mode_stack()
         return cell, judge(ex, cases, torch.load(tmp_path / "out.pt", weights_only=True))
 
@@ -155,3 +157,134 @@ def test_nothing_is_watched_without_a_forbidden_name():
         assert sys.getprofile() is None
     assert guard.used == []
     assert forbidden.resolve("attncourse.no_such_function") == []
+
+
+# ----------------------------------------------------------------------------- what runs, not names
+
+
+def _rows(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_library_code_is_refused_by_any_route_unless_allowed(exercise, verdicts):
+    import functools
+    import types
+
+    import attncourse.online_softmax as online
+
+    ex = exercise(softmax_cases, ())
+    assert passed(verdicts(ex, _rows))
+    routes = {
+        "the function handed in": online.one_pass_softmax,
+        "a lambda": lambda x: online.one_pass_softmax(x),
+        "functools.partial": functools.partial(online.one_pass_softmax, dim=-1),
+        "torch.no_grad()": torch.no_grad()(lambda x: online.one_pass_softmax(x)),
+        "its code in a new function": types.FunctionType(online.one_pass_softmax.__code__, {**vars(online)}, "mine",
+                                                         online.one_pass_softmax.__defaults__),
+        "a private helper": lambda x: (attncourse.sdpa._check_qkv(x, x, x), _rows(x))[1],
+        "a check's reference": lambda x: checks.ch08._log_softmax_reference(x).exp(),
+    }
+    for route, answer in routes.items():
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "called attncourse." in cell and status == "failed" and "called" in message, route
+
+
+def test_an_allowed_helper_runs_its_own_library_code_but_not_the_learners_callback(exercise, verdicts):
+    from attncourse.mha import MultiHeadAttention
+
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = MultiHeadAttention(8, 2)
+    want = model(x).detach()
+
+    def cases():
+        return [checks.Case("mha", (x,), expected=want)]
+
+    def via_module(x):
+        torch.manual_seed(0)
+        return MultiHeadAttention(8, 2)(x).detach()  # __init__, forward through nn.Module.__call__, its helpers
+
+    assert refused(verdicts(exercise(cases, ()), via_module), "attncourse.mha.MultiHeadAttention")
+    assert passed(verdicts(exercise(cases, (), allow=("attncourse.mha.MultiHeadAttention",)), via_module))
+
+
+def test_operator_families_are_refused_under_every_spelling(exercise, verdicts):
+    ex = exercise(softmax_cases, (), ops=("softmax",))
+    aten = torch.ops.aten
+
+    def disabled(x):
+        with torch._C.DisableTorchFunction():
+            return aten._softmax.default(x, -1, False)
+
+    def both_disabled(x):
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            return aten._softmax.default(x, -1, False)
+
+    for answer in (lambda x: aten._softmax(x, -1, False), lambda x: aten._safe_softmax(x, -1),
+                   lambda x: torch.log_softmax(x, -1).exp(), lambda x: torch.nn.Softmax(-1)(x),
+                   lambda x: torch.nn.functional.softmin(-x, -1), disabled, both_disabled):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "called" in cell and status == "failed", (cell, status, message)
+    assert passed(verdicts(ex, _rows))  # exp, amax and sum are not a softmax
+
+
+def test_an_answer_that_catches_the_refusal_is_still_refused(exercise, verdicts):
+    ex = exercise(softmax_cases, (), ops=("softmax",))
+
+    def catcher(x):
+        try:
+            return torch.softmax(x, -1)
+        except BaseException:
+            return _rows(x)
+
+    assert refused(verdicts(ex, catcher), "torch.softmax")
+    assert sys.getprofile() is None and not torch._C._len_torch_dispatch_stack()
+
+
+def test_numpy_alone_refuses_any_pytorch_operation(exercise, verdicts):
+    import numpy as np
+
+    ex = exercise(softmax_cases, (), numpy=True)
+
+    def by_torch(x):
+        return torch.from_numpy(np.asarray(x)).log_softmax(-1).exp().numpy()
+
+    def by_numpy(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    cell, (status, _) = verdicts(ex, by_torch)
+    assert cell is not None and "NumPy alone" in cell and status == "failed"
+    assert passed(verdicts(ex, by_numpy))
+
+
+def test_a_stream_can_be_read_once_and_forgets_its_chunks():
+    x = torch.arange(10.0)
+    seen = []
+
+    def keeps_chunks(stream, size):
+        chunks = list(stream)
+        seen.append([c.clone() for c in chunks])
+        try:
+            list(stream)
+        except RuntimeError as err:
+            seen.append(str(err))
+        return torch.cat(chunks)
+
+    ran = forbidden.run(keeps_chunks, (x, 4), {}, forbidden.policy(stream=(0, 0, "arg1"), trace=True))
+    assert ran["trace"]["chunks"] == 3 and "only once" in seen[1]
+    assert torch.isnan(ran["result"]).all()  # every chunk was overwritten once the next was asked for
+    assert all(torch.isnan(c).all() for c in seen[0])  # kept references see NaN
+
+
+def test_the_trace_labels_the_inputs_and_their_slices():
+    q, k = torch.randn(4, 8), torch.randn(16, 8)
+
+    def tiles(q, k):
+        return [q @ k[i:i + 4].T for i in range(0, 16, 4)]
+
+    ran = forbidden.run(tiles, (q, k), {}, forbidden.policy(trace=True))
+    reads = [(t[0], t[1], t[2]) for op in ran["trace"]["ops"] for t in op[3] if t[0] == "arg1"]
+    starts = sorted({offset // 8 for label, offset, shape in reads if shape[0] == 4})
+    assert starts == [0, 4, 8, 12]

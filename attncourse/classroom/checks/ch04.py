@@ -43,15 +43,43 @@ def _per_head_by_module(x, context, w_q, w_k, w_v, w_o):
     return reference_mha(x, context, *per_head_to_linear(w_q, w_k, w_v, w_o), w_q.shape[0])
 
 
-def _per_head_by_fused(x, context, w_q, w_k, w_v, w_o):
+def _per_head_qkv(x, context, w_q, w_k, w_v):
     q = torch.einsum("btd,hde->bhte", x, w_q)  # (B, H, T, D)
     k, v = (torch.einsum("bsd,hde->bhse", context, w) for w in (w_k, w_v))  # (B, H, S, D)
-    heads = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, D)
+    return q, k, v
+
+
+def _per_head_by_fused(x, context, w_q, w_k, w_v, w_o):
+    heads = F.scaled_dot_product_attention(*_per_head_qkv(x, context, w_q, w_k, w_v))  # (B, H, T, D)
     return torch.einsum("bhte,hed->btd", heads, w_o)
 
 
+def _per_head_by_aten_flash(x, context, w_q, w_k, w_v, w_o):  # the same kernel under its ATen name
+    heads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*_per_head_qkv(x, context, w_q, w_k, w_v))[0]
+    return torch.einsum("bhte,hed->btd", heads, w_o)
+
+
+def _per_head_by_aten_math(x, context, w_q, w_k, w_v, w_o):  # PyTorch's reference attention, by its ATen name
+    heads = torch.ops.aten._scaled_dot_product_attention_math(*_per_head_qkv(x, context, w_q, w_k, w_v))[0]
+    return torch.einsum("bhte,hed->btd", heads, w_o)
+
+
+def _per_head_by_torch_module(x, context, w_q, w_k, w_v, w_o):  # nn.MultiheadAttention with the weights stacked
+    h, d, dh = w_q.shape
+    m = nn.MultiheadAttention(d, h, bias=False, batch_first=True).to(x.dtype)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([w.transpose(1, 2).reshape(h * dh, d) for w in (w_q, w_k, w_v)]))
+        m.out_proj.weight.copy_(w_o.reshape(h * dh, d).T)
+        return m(x, context, context, need_weights=False)[0]
+
+
 @exercise("04-mha-per-head", "mha_per_head", points=3, category="implement", forbid=_FORBID,
-          shortcuts=(_per_head_by_module, _per_head_by_fused),
+          allow=(), ops=("attention",),
+          shortcuts=(_per_head_by_module, _per_head_by_fused, _per_head_by_aten_flash, _per_head_by_aten_math,
+                     _per_head_by_torch_module),
+          prop_doc="output equality is the property: with every fused attention kernel and the course's attention "
+                   "refused, the only way to the output (self and cross, 1 to 8 heads) is to run each head's "
+                   "attention from its own matrices and sum what each head meets of W_O",
           hint="each head's queries, keys and values come from the input and that head's matrices alone; w_o is "
                "given per head too: work out what each head's output contributes to the result")
 def _mha_per_head():
@@ -74,10 +102,43 @@ def _mha_per_head():
 # ----------------------------------------------------------------------------- 2. find the bug
 
 
-@exercise("04-head-scale-bug", "mha_fixed", points=2, category="bug", forbid=_FORBID,
-          bug_words=("sqrt(d_model)", "model width", "whole width", "full width"),
-          hint="compare its output with the reference's on each case of this check: which cases agree, and what "
-               "do they have in common?")
+def _fixed_by_module(x, w_q, w_k, w_v, w_o, n_heads):  # the course's module with the weights copied in
+    return reference_mha(x, None, w_q, w_k, w_v, w_o, n_heads)
+
+
+def _fixed_by_course_class(x, w_q, w_k, w_v, w_o, n_heads):
+    m = MultiHeadAttention(x.shape[-1], n_heads).to(x.dtype)
+    with torch.no_grad():
+        for proj, w in zip((m.q_proj, m.k_proj, m.v_proj, m.o_proj), (w_q, w_k, w_v, w_o)):
+            proj.weight.copy_(w)
+        return m(x)
+
+
+def _fixed_by_aten_math(x, w_q, w_k, w_v, w_o, n_heads):  # the reference attention under its ATen name
+    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    heads = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
+    return heads.transpose(1, 2).flatten(2) @ w_o.T
+
+
+def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
+    m = nn.MultiheadAttention(x.shape[-1], n_heads, bias=False, batch_first=True).to(x.dtype)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v]))
+        m.out_proj.weight.copy_(w_o)
+        return m(x, x, x, need_weights=False)[0]
+
+
+@exercise("04-find-the-bug-1", "mha_fixed", points=2, category="bug", forbid=_FORBID, aliases=("04-head-scale-bug",),
+          allow=(), ops=("attention",),
+          shortcuts=(_fixed_by_module, _fixed_by_course_class, _fixed_by_aten_math, _fixed_by_torch_module),
+          prop_doc="output equality is the property: the fix is one number in the colleague's own arithmetic, and "
+                   "with PyTorch's attention kernels and the course's module refused it must be found there",
+          bug_words=("sqrt(d_model)", "model width", "whole width", "full width", "head width", "head's width",
+                     "width of a head", "head dimension", "head_dim instead", "instead of d", "instead of the head",
+                     "wrong scale", "scale is wrong", "scaled by the", "scales by the", "sqrt(d) instead",
+                     "d instead of", "too sharp", "too flat", "flatter", "head-scale", "scale bug"),
+          hint="put its attention weights next to those of nn.MultiheadAttention with the same weights, one head "
+               "at a time: which is sharper, and by a factor that depends on what?")
 def _scale_bug():
     """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
@@ -105,14 +166,29 @@ def _rows_that_survive(perm: list[int]) -> tuple[bool, ...]:
     return tuple(bool(torch.allclose(y[0, i], out[0, i])) for i in range(len(perm)))
 
 
+PERMUTATIONS = ([1, 0, 2, 4, 3], [2, 0, 1, 3, 4])
+
+
+def _rows_rule(got, expected) -> str | None:
+    """Right or not, nothing more: five yes/no parts told "k wrong" give the answer in five tries."""
+    shape = "a tuple of two tuples of five bools (one per permutation)"
+    if not (isinstance(got, (tuple, list)) and len(got) == len(expected) and all(
+            isinstance(g, (tuple, list)) and len(g) == 5 and all(isinstance(b, bool) for b in g) for g in got)):
+        return f"expected {shape}, got {str(got)[:120]}"
+    if tuple(map(tuple, got)) != expected:
+        return "that prediction is not right; for each row, write down the tokens it sees before and after the " \
+               "permutation"
+    return None
+
+
 @exercise("04-predict-causal-permutation", "predicted_rows", kind="value", points=1, category="predict",
-          parts=("row 0", "row 1", "row 2", "row 3", "row 4"),
+          parts=("permutation [1, 0, 2, 4, 3]", "permutation [2, 0, 1, 3, 4]"),
           hint="with a causal mask, row i of the output is attention over the tokens at positions 0 to i, and "
                "attention without positions treats those tokens as a set: compare the two sets for each row")
 def _predict_permutation():
     """Predict which rows survive permuting the tokens of a causal self-attention without positions."""
-    return [Case("perm = [1, 0, 2, 4, 3], is_causal=True: does y[:, i] equal out[:, perm][:, i]?",
-                 expected=_rows_that_survive([1, 0, 2, 4, 3]), compare="equal")]
+    return [Case("perms [1, 0, 2, 4, 3] and [2, 0, 1, 3, 4], is_causal=True: does y[:, i] equal out[:, perm][:, i]?",
+                 expected=tuple(_rows_that_survive(p) for p in PERMUTATIONS), compare=_rows_rule)]
 
 
 # ----------------------------------------------------------------------------- 4. experiment: where parameters sit
@@ -139,12 +215,13 @@ def _shares_rule(got, expected) -> str | None:
         mine = got[key]
         if isinstance(mine, bool) or not isinstance(mine, (int, float)):
             return f"{key!r} should be a float (a share of all parameters), got {mine!r}"
-        if abs(mine - value) > 1e-6:
-            return f"{key!r}: expected a share of {value:.6f}, got {mine:.6f}: count every parameter, biases too"
+        if abs(mine - value) > 1e-6:  # how far off, never the share itself
+            return f"{key!r}: your share is off by {abs(mine - value):.2g}: count every parameter, biases too"
     return None
 
 
 @exercise("04-parameter-shares", "parameter_shares", points=2, category="experiment",
+          allow=("attncourse.transformer.TransformerBlock",),
           hint="build the modules (the course's TransformerBlock and an embedding table) at each size and count "
                "the elements of the parameters of each kind of submodule; divide by the total")
 def _parameter_shares():

@@ -41,9 +41,28 @@ def _shortcut_grouped(q, k, v):
     return grouped_attention(q, k, v, _decode_mask(q.shape[-2], k.shape[-2]))
 
 
+def _shortcut_aten_math(q, k, v):  # PyTorch's reference attention under its ATen name, K/V repeated
+    g = q.shape[1] // k.shape[1]
+    bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype).masked_fill(
+        ~_decode_mask(q.shape[-2], k.shape[-2]), float("-inf"))  # an additive mask: the op's own convention
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=bias)[0]
+
+
+def _shortcut_course_module(q, k, v):  # the course's MultiHeadAttention's own attention step
+    from attncourse.sdpa import scaled_dot_product_attention
+    g = q.shape[1] // k.shape[1]
+    return scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                        attn_mask=_decode_mask(q.shape[-2], k.shape[-2]))
+
+
 @exercise("05-grouped-attention", "gqa_decode_attention", points=3, category="implement",
           forbid=_NO_KERNEL + ("attncourse.mha.grouped_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          shortcuts=(_shortcut_sdpa_gqa, _shortcut_grouped),
+          allow=(), ops=("attention",),
+          shortcuts=(_shortcut_sdpa_gqa, _shortcut_grouped, _shortcut_aten_math, _shortcut_course_module),
+          prop_doc="output equality is the property: with every attention kernel and the course's attention refused, "
+                   "the right output over MQA, GQA and MHA layouts and decode offsets needs the head grouping and "
+                   "the bottom-right causal mask written out",
           hint="which KV head does query head h read, and where does query i sit among the S positions when "
                "the T queries are the newest ones? The keys after a query's own position must get no weight")
 def _grouped():
@@ -61,10 +80,28 @@ def _grouped():
     return cases
 
 
-@exercise("05-mqa-axis-bug", "mqa_fixed", points=2, category="bug", forbid=_NO_KERNEL,
-          bug_words=("only to itself", "axis of size one", "size-1 axis", "its own key only"),
-          hint="look at the weights the buggy version returns: over how many keys does each softmax run, and "
-               "which axis of the scores should that be?")
+def _mqa_by_module(x, w_q, w_k, w_v, w_o, n_heads):  # the course's module, one KV head, weights copied in
+    return reference_mha(x, w_q, w_k, w_v, w_o, n_heads, 1)
+
+
+def _mqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads):  # PyTorch's reference attention under its ATen name
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
+    k, v = ((x @ w.T).view(B, 1, T, -1).expand(B, n_heads, T, -1) for w in (w_k, w_v))
+    out = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
+    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+
+
+@exercise("05-find-the-bug-1", "mqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-mqa-axis-bug",),
+          allow=(), ops=("attention",), shortcuts=(_mqa_by_module, _mqa_by_aten),
+          prop_doc="output equality is the property: the fix lies in the notes' own arithmetic, and with the "
+                   "attention kernels and the course's module refused it must be found there",
+          bug_words=("only to itself", "axis of size one", "size-1 axis", "its own key only", "axis of size 1",
+                     "wrong axis", "softmax over the", "softmax ran over", "over a single", "its own value",
+                     "every weight is 1", "every weight is one", "all weights are 1", "weights are all 1",
+                     "time has to", "mqa-axis", "axis bug"),
+          hint="look at the weights it returns, and at what each token's output is made of: over how many keys "
+               "does each softmax run, and where in the shapes do the keys sit?")
 def _mqa_bug():
     """Fix the notes' MQA: its output has the right shape, yet something about it is wrong."""
     gen = torch.Generator().manual_seed(51)
@@ -77,10 +114,28 @@ def _mqa_bug():
     return cases
 
 
-@exercise("05-fake-gqa", "gqa_fixed", points=2, category="bug", forbid=_NO_KERNEL,
-          bug_words=("stacked MQA", "MQA per group", "one MQA module per", "wider output projection"),
-          hint="count the buggy module's parameters and multiply-adds first: how many query heads, of what width, "
-               "does it really run, and how wide is what reaches its last projection?")
+def _gqa_by_module(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):  # the course's module, weights copied in
+    return reference_mha(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+
+
+def _gqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):  # the kernel's GQA mode under its ATen name
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
+    k, v = ((x @ w.T).view(B, T, n_kv_heads, -1).transpose(1, 2) for w in (w_k, w_v))
+    out = torch.ops.aten.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+
+
+@exercise("05-find-the-bug-2", "gqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-fake-gqa",),
+          allow=(), ops=("attention",), shortcuts=(_gqa_by_module, _gqa_by_aten),
+          prop_doc="output equality is the property: the answer takes GQA's own weights, so only a layer whose "
+                   "query heads share K/V heads in groups can give the output; the course's module is refused",
+          bug_words=("stacked MQA", "MQA per group", "one MQA module per", "wider output projection",
+                     "MQA modules side by side", "complete MQA", "whole MQA", "MQA layers side", "own output projection",
+                     "its own d", "full width", "times wider", "wider than GQA", "final projection from",
+                     "fake-gqa", "fake GQA"),
+          hint="count the buggy module's parameters by submodule against the real layer's: how many query heads, "
+               "of what width, does it really run, and how wide is what reaches its last projection?")
 def _fake_gqa():
     """Fix the notes' GQA module so that it is grouped-query attention, with GQA's weights and cost."""
     gen = torch.Generator().manual_seed(53)
@@ -134,7 +189,9 @@ def _shortcut_mean_pool(weight, n_heads, n_kv_heads):
 
 
 @exercise("05-mean-pool", "mean_pool_heads", points=2, category="implement",
-          forbid=("attncourse.gqa.mha_to_gqa",), shortcuts=(_shortcut_mean_pool,),
+          forbid=("attncourse.gqa.mha_to_gqa",), shortcuts=(_shortcut_mean_pool,), allow=(), ops=(),
+          prop_doc="output equality is the property: the result is a weight, exact to rounding, and the course's "
+                   "conversion that would produce it is refused",
           hint="which rows of the weight belong to one head, and which heads form one group? Give the heads their "
                "own axis and the group its own axis, then average over the right one")
 def _mean_pool():
@@ -171,20 +228,20 @@ def _predict_mla():
 CONVERSION = dict(d_model=32, n_heads=8, n_kv_heads=2, batch=4, seq_len=16)
 
 
-def conversion_errors_reference(seed: int, spread: float, lead_only: bool = False) -> torch.Tensor:
+def conversion_errors_reference(seed: int, spread: float, others: float = 1.0) -> torch.Tensor:
     """Relative output error of a converted layer, (mean-pool, first head), on the seeded layer of the exercise.
 
-    K and V heads are a head shared by all plus `spread` times each head's own part; with `lead_only` only the
-    first query head of each group of 4 reaches the output (the other heads' columns of W_O are zero).
+    K and V heads are a head shared by all plus `spread` times each head's own part; the columns of W_O that read
+    the query heads other than the first of each group of 4 are multiplied by `others` (1: every head reaches the
+    output alike; 0: only each group's lead head does).
     """
     c = CONVERSION
     d, h, hkv = c["d_model"], c["n_heads"], c["n_kv_heads"]
     gen = torch.Generator().manual_seed(seed)
     w_q, w_o = (torch.randn(d, d, generator=gen, dtype=torch.float64) / d ** 0.5 for _ in range(2))
-    if lead_only:
-        head_dim, g = d // h, h // hkv
-        keep = torch.tensor([float(head % g == 0) for head in range(h)], dtype=torch.float64)
-        w_o = w_o * keep.repeat_interleave(head_dim)[None, :]  # (d, H*D): columns of the non-lead heads zeroed
+    head_dim, g = d // h, h // hkv
+    keep = torch.tensor([1.0 if head % g == 0 else float(others) for head in range(h)], dtype=torch.float64)
+    w_o = w_o * keep.repeat_interleave(head_dim)[None, :]  # (d, H*D): the non-lead heads' columns scaled
     kv = []
     for _ in range(2):  # K, then V: a head shared by all, plus each head's own part times `spread`
         shared = torch.randn(d // h, d, generator=gen, dtype=torch.float64) / d ** 0.5
@@ -203,19 +260,25 @@ def conversion_errors_reference(seed: int, spread: float, lead_only: bool = Fals
 TIE = 1e-9  # relative error below which a conversion counts as exact
 
 
-def closer_conversion_reference(seed: int, spread: float, lead_only: bool) -> str:
+def closer_conversion_reference(seed: int, spread: float, others: float) -> str:
     """Which conversion stays closer to the MHA layer before uptraining: "mean", "first" or "tie" (both exact)."""
-    errors = conversion_errors_reference(seed, spread, lead_only)
+    errors = conversion_errors_reference(seed, spread, others)
     if bool((errors < TIE).all()):
         return "tie"
     return ("mean", "first")[int(errors.argmin())]
 
 
 @exercise("05-conversion-experiment", "closer_conversion", points=2, category="experiment",
+          allow=("attncourse.mha.MultiHeadAttention", "attncourse.gqa.mha_to_gqa"),
           hint="measure both conversions' relative output error on the layer you built; think about which query "
-               "heads still reach the output when only each group's lead head does, and which K/V they read")
+               "heads reach the output and how much, and which K/V each conversion leaves them; halfway, only the "
+               "measurement decides")
 def _conversion_experiment():
     """Which conversion, mean-pool or first head, stays closer to the MHA layer, as the heads and W_O change?"""
-    return [Case(f"seed {seed}, spread {spread}, lead_only {lead}", (seed, spread, lead),
-                 expected=closer_conversion_reference(seed, spread, lead), compare="equal")
-            for seed in (0, 1, 2) for spread in (0.0, 0.5) for lead in (False, True)]
+    grid = [(seed, spread, others) for seed in (0, 1) for spread in (0.0, 0.5) for others in (1.0, 0.0)]
+    # halfway between "every head counts" and "only the lead heads count", the verdict changes from seed to
+    # seed: no rule of spread and W_O predicts it, only the measurement does
+    grid += [(seed, 0.5, 0.5) for seed in (3, 4, 5, 6)] + [(seed, 0.1, 0.5) for seed in (0, 1)]
+    return [Case(f"seed {seed}, spread {spread}, others {others}", (seed, spread, others),
+                 expected=closer_conversion_reference(seed, spread, others), compare="equal")
+            for seed, spread, others in grid]

@@ -10,11 +10,23 @@ from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply
 from . import Case, exercise
 
 
-@exercise("06-slopes-bug", "alibi_slopes_fixed", points=2, category="bug",
-          forbid=("attncourse.positions.alibi_slopes",),
-          bug_words=("too few", "no slope", "missing slope", "without a slope"),
-          hint="run it for head counts that are not powers of two and compare what comes back with what the "
-               "model needs; Press et al.'s get_slopes (ofirpress/attention_with_linear_biases) is the reference")
+def _slopes_by_library(n_heads):  # the course's slopes, the function the check compares with
+    return alibi_slopes(n_heads)
+
+
+def _slopes_from_bias(n_heads):  # read back off the course's bias: entry (h, 1, 0) is minus slope h
+    return -alibi_bias(n_heads, 2)[:, 1, 0]
+
+
+@exercise("06-find-the-bug-1", "alibi_slopes_fixed", points=2, category="bug", aliases=("06-slopes-bug",),
+          forbid=("attncourse.positions.alibi_slopes",), allow=(), ops=(),
+          shortcuts=(_slopes_by_library, _slopes_from_bias),
+          prop_doc="output equality is the property: the slopes are a list of numbers, and every course function "
+                   "that holds them (the slopes, the bias, the grouped bias) is refused",
+          bug_words=("too few", "no slope", "missing slope", "without a slope", "fewer slopes", "the last line",
+                     "only returns", "returns only", "drops the", "missing heads"),
+          hint="compare what it returns with what a model of that many heads needs, for several head counts; Press "
+               "et al.'s get_slopes (ofirpress/attention_with_linear_biases) is the reference")
 def _slopes():
     """Fix the notes' ALiBi slope function so that it works for every head count."""
     return [Case(f"{h} heads", (h,), expected=alibi_slopes(h), rtol=1e-6, atol=1e-8)
@@ -29,7 +41,9 @@ def _shortcut_decode_bias(n_heads, q_len, k_len):
 @exercise("06-decode-bias", "decode_alibi_bias", points=2, category="implement",
           forbid=("attncourse.positions.alibi_bias", "attncourse.positions.alibi_bias_at",
                   "attncourse.positions.materialize_bias", "attncourse.positions.alibi_score_mod"),
-          shortcuts=(_shortcut_decode_bias,),
+          shortcuts=(_shortcut_decode_bias,), allow=("attncourse.positions.alibi_slopes",), ops=(),
+          prop_doc="output equality is the property: the bias is a tensor formula given the slopes (which the "
+                   "learner may use); every course function that builds a bias or a mask of positions is refused",
           hint="the queries are the newest q_len of the k_len positions: what is the absolute position of query "
                "i? Then the bias is the head's slope times the signed distance, and keys in the query's future get "
                "minus infinity")
@@ -50,6 +64,9 @@ def _shortcut_grouped_alibi(scores, n_heads):
 
 @exercise("06-grouped-alibi", "add_grouped_alibi", points=2, category="implement",
           forbid=("attncourse.positions.grouped_alibi_bias",), shortcuts=(_shortcut_grouped_alibi,),
+          allow=("attncourse.positions.alibi_slopes",), ops=(),
+          prop_doc="output equality is the property: which query head gets which slope is all there is to get "
+                   "right, and every course function that builds a bias is refused (the slopes are allowed)",
           hint="query heads of one group are consecutive (the order of repeat_kv): which query head is member r of "
                "group g, and so which slope must its scores get?")
 def _grouped():
@@ -88,9 +105,20 @@ def _shortcut_rope_complex(x, positions, base):
     return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
 
 
+def _shortcut_rope_complex_scalar(x, positions, base):  # complex numbers without view_as_complex
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rot = torch.exp(1j * positions.double()[:, None] * theta)  # (T, D/2) complex
+    z = (x[..., 0::2].double() + 1j * x[..., 1::2].double()) * rot
+    return torch.stack([z.real, z.imag], dim=-1).flatten(-2).to(x.dtype)
+
+
 @exercise("06-rope-pairs", "rope_pairs", points=3, category="implement",
           forbid=("attncourse.positions.apply_rope", "torch.view_as_complex", "torch.polar", "torch.complex"),
-          shortcuts=(_shortcut_rope_pairs, _shortcut_rope_complex),
+          shortcuts=(_shortcut_rope_pairs, _shortcut_rope_complex, _shortcut_rope_complex_scalar), allow=(),
+          ops=("aten::view_as_complex", "aten::view_as_real", "aten::polar", "aten::complex"),
+          prop_doc="output equality with real arithmetic is the property: every way into or out of complex numbers "
+                   "(view_as_complex, polar, complex, view_as_real behind .real) is refused as an operator",
           hint="the lesson rotated halves; here dims 2i and 2i+1 form pair i. Which frequency does pair i turn at, "
                "and what does a 2-D rotation by an angle do to the two numbers of a pair?")
 def _rope_pairs():
@@ -113,7 +141,9 @@ def _shortcut_convert(w, n_heads):
 
 
 @exercise("06-rope-convert", "pairs_to_halves_weight", points=2, category="implement",
-          forbid=("attncourse.positions.rope_permutation",), shortcuts=(_shortcut_convert,),
+          forbid=("attncourse.positions.rope_permutation",), shortcuts=(_shortcut_convert,), allow=(), ops=(),
+          prop_doc="output equality is the property: a row permutation judged exactly; the course's permutation is "
+                   "refused",
           hint="a row of W_q is one output dim of one head; in the halves layout, where must the two dims of pair i "
                "of a head go? Permute rows within each head, never across heads")
 def _rope_convert():
@@ -132,10 +162,23 @@ def _encoder_bias_reference(n_heads: int, seq_len: int) -> torch.Tensor:
     return -alibi_bias_at(alibi_slopes(n_heads), pos, pos).abs()  # (H, T, T)
 
 
-@exercise("06-encoder-alibi", "encoder_alibi_bias", points=2, category="bug",
-          bug_words=("symmetric", "absolute distance", "rewards", "favours later", "prefers later"),
-          hint="there is no causal mask in an encoder: for a query in the middle, what bias does a key three "
-               "places after it get, and what bias a key three places before?")
+def _encoder_by_abs(n_heads, seq_len):  # the course's decoder bias, its sign folded
+    return -alibi_bias(n_heads, seq_len).abs()
+
+
+def _encoder_by_bias_at(n_heads, seq_len):
+    return _encoder_bias_reference(n_heads, seq_len)
+
+
+@exercise("06-find-the-bug-2", "encoder_alibi_bias", points=2, category="bug", aliases=("06-encoder-alibi",),
+          allow=("attncourse.positions.alibi_slopes",), ops=(), shortcuts=(_encoder_by_abs, _encoder_by_bias_at),
+          prop_doc="output equality is the property: the bias is a tensor formula given the slopes (allowed); every "
+                   "course function that builds a bias is refused",
+          bug_words=("symmetric", "absolute distance", "rewards", "favours later", "prefers later", "absolute value",
+                     "both sides", "same way on", "|i - j|", "|j - i|", "keys in the future",
+                     "positive for", "bonus", "favour keys after", "favors later"),
+          hint="there is no causal mask in an encoder: for a query in the middle, compare the bias of a key some "
+               "places after it with that of a key the same distance before")
 def _encoder_alibi():
     """Fix the notes' ALiBi bias for an encoder's self-attention (every query sees every key)."""
     return [Case(f"{h} heads, {t} tokens", (h, t), expected=_encoder_bias_reference(h, t), rtol=1e-6, atol=1e-7)
@@ -157,6 +200,7 @@ def rope_similarity_reference(seed: int, base: float) -> torch.Tensor:
 
 
 @exercise("06-rope-decay", "rope_similarity", points=2, category="experiment",
+          allow=("attncourse.positions.apply_rope",),
           hint="draw the vectors once from a generator seeded with the seed; a key equal to the query sits at "
                "position 0 and the query at position m, so only the query is rotated; average the normalised score")
 def _rope_decay():

@@ -44,7 +44,9 @@ def _shortcut_cache_mask_masks(q_len, k_len, window=None):
 
 @exercise("07-cache-mask", "cache_mask", points=2, category="implement",
           forbid=_MASK_FUNCTIONS + ("torch.tril", "torch.triu", "torch.nn.attention.bias.causal_lower_right"),
-          shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks),
+          shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks), allow=(), ops=(),
+          prop_doc="a mask is its entries: equality on every alignment and window (wider than Tk, of 1, none) is the "
+                   "property",
           hint="the lesson's section 2 shows where the new queries sit among the keys; a window adds one more "
                "condition on the same query-key distances")
 def _cache_mask_cases():
@@ -90,10 +92,60 @@ def _shortcut_update_cat(buf_k, buf_v, length, k_new, v_new):
     return torch.cat([buf_k[:, :, :length], k_new], dim=2), torch.cat([buf_v[:, :, :length], v_new], dim=2)
 
 
+_READS_NOT_WRITES = ("copy_", "index_put_", "index_copy_", "slice_scatter", "select_scatter", "scatter_",
+                     "masked_scatter_", "index_fill_", "put_")
+
+
+def _writes_into(run, label: str) -> bool:
+    """Whether the answer wrote into the input `label` in place (an in-place operator whose target is a view of it)."""
+    for name, _launch, _helper, tensors in run.trace["ops"]:
+        op = name.split("::")[-1].split(".")[0]
+        if op.endswith("_") and op in _READS_NOT_WRITES and tensors and tensors[0][0] == label:
+            return True
+    return False
+
+
+def _copies(run, label: str) -> bool:
+    """Whether the answer copied (a view of) the input `label` into a new tensor."""
+    for name, _launch, _helper, tensors in run.trace["ops"]:
+        op = name.split("::")[-1].split(".")[0]
+        source = tensors[-1] if op == "copy_" and tensors else tensors[0] if tensors else None
+        if op in ("clone", "_to_copy", "copy_", "contiguous", "index_select", "cat") and source and source[0] == label:
+            return True
+    return False
+
+
+def _cache_update_in_place(runs) -> str | None:
+    for run in runs:
+        copied = [which for which, label in (("keys", "arg0"), ("values", "arg1")) if _copies(run, label)]
+        if copied:
+            return (f"case '{run.case.name}': your code copies the cache's {' and '.join(copied)}: return views of the "
+                    "filled part of the buffers, not copies")
+        missing = [which for which, label in (("keys", "arg0"), ("values", "arg1")) if not _writes_into(run, label)]
+        if missing:
+            return (f"case '{run.case.name}': nothing was written into the cache's own {' and '.join(missing)} buffer: "
+                    "a cache allocated once must receive the new entries in place, and what you return must be the "
+                    "filled part of those buffers, not new tensors")
+    return None
+
+
+def _breaker_update_new_tensors(buf_k, buf_v, length, k_new, v_new):
+    """Right values in fresh tensors, the buffers untouched and no torch.cat: refused by the property."""
+    out = []
+    for buf, new in ((buf_k, k_new), (buf_v, v_new)):
+        fresh = buf.new_empty(*buf.shape[:2], length + new.shape[2], buf.shape[3])
+        fresh[:, :, :length] = buf[:, :, :length]
+        fresh[:, :, length:] = new
+        out.append(fresh)
+    return tuple(out)
+
+
 @exercise("07-cache-update", "cache_update", points=2, category="implement",
           forbid=("attncourse.kv_cache.KVCache", "attncourse.kv_cache.SinkWindowCache", "torch.cat", "torch.concat",
                   "torch.concatenate", "torch.stack", "torch.hstack", "torch.dstack"),
-          shortcuts=(_shortcut_update_kvcache, _shortcut_update_cat),
+          shortcuts=(_shortcut_update_kvcache, _shortcut_update_cat), allow=(), ops=(),
+          prop=_cache_update_in_place, breakers=(_breaker_update_new_tensors,),
+          prop_doc="the new keys and values are written into the preallocated buffers in place (seen in the trace)",
           hint="the buffers already have room: write the new entries into the slice of the sequence axis that "
                "starts where the filled part ends, then hand back views of the filled part of each buffer "
                "(slicing makes views, not copies)")
@@ -113,9 +165,67 @@ def _decode_reference(state: dict, x: torch.Tensor) -> torch.Tensor:
         return mha(x + pe, is_causal=True)  # (B, T, d): the full forward the decode must reproduce
 
 
-@exercise("07-decode-bug", "decode_fixed", points=2, category="bug",
-          bug_words=("offset", "position zero", "same position for every", "always at position"),
-          hint="for a few steps t, print what the loop adds to the input of step t next to what the full forward "
+_PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "mv", "dot", "addmv", "addbmm", "einsum",
+             "tensordot", "_scaled_dot_product", "scaled_dot_product")
+
+
+def _is_product(name: str) -> bool:
+    op = name.split("::")[-1].split(".")[0]
+    return op.lstrip("_") in _PRODUCTS or "scaled_dot_product" in op or "attention" in op
+
+
+def _one_token_per_step(runs) -> str | None:
+    """Every matrix product the answer (or the model it calls) runs sees one token per sequence: a tensor with a
+    model-wide axis (d_model = 16) holds at most B rows, the weights aside."""
+    for run in runs:
+        state, x = run.case.args
+        b, t, d = x.shape
+        if t == 1:
+            continue
+        weights = {tuple(v.shape) for v in state.values()} | {tuple(v.shape[::-1]) for v in state.values()}
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            if not _is_product(name):
+                continue
+            for _label, _offset, shape, _stride in tensors:
+                if tuple(shape) in weights or d not in shape[-2:]:
+                    continue
+                rows = math.prod(shape) // d
+                if rows > b:
+                    return (f"case '{run.case.name}': a matrix product ran on {rows // b} tokens of each sequence at "
+                            "once; a decode step sees only its own new token (the earlier ones are in the cache)")
+    return None
+
+
+def _breaker_full_forward(state, x):
+    """The full forward, no decode and no cache: right output, refused by the property."""
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    with torch.no_grad():
+        return mha(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
+
+
+def _breaker_recompute_prefix(state, x):
+    """Token by token, but every step recomputes the whole prefix (no cache): refused by the property."""
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    t = x.shape[1]
+    pe = sinusoidal_positions(t, 16)
+    with torch.no_grad():
+        return torch.cat([mha(x[:, :i + 1] + pe[:i + 1], is_causal=True)[:, -1:] for i in range(t)], dim=1)
+
+
+@exercise("07-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("07-decode-bug",),
+          allow=("attncourse.mha.MultiHeadAttention", "attncourse.kv_cache.KVCache",
+                 "attncourse.positions.sinusoidal_positions"),
+          ops=("attention",), prop=_one_token_per_step, breakers=(_breaker_full_forward, _breaker_recompute_prefix),
+          prop_doc="a decode step is fed one new token per sequence (every matrix product sees B rows, seen in the "
+                   "trace); the cache holds the rest",
+          bug_words=("offset", "position zero", "same position for every", "always at position", "pe[0]",
+                     "pe[t]", "pe[i]", "position 0 at every", "position 0 to every", "first position every",
+                     "sinusoidal_positions(t, d)[t", "current position", "absolute position of the new",
+                     "index the position", "wrong position", "every token gets the position", "position of the token"),
+          title="Fix a token-by-token decode loop that disagrees with the full forward",
+          hint="for a few steps, print what the loop adds to the input of that step next to what the full forward "
                "adds to the same token")
 def _decode_bug():
     """Fix a token-by-token decode loop that disagrees with the full forward."""
@@ -141,7 +251,8 @@ def _visible_to_next(pos: torch.Tensor, n_sink: int, window: int) -> torch.Tenso
 
 @exercise("07-sink-eviction", "sink_window_keep", points=2, category="implement",
           forbid=_MASK_FUNCTIONS + ("attncourse.kv_cache.SinkWindowCache",),
-          shortcuts=(_visible_to_next,),
+          shortcuts=(_visible_to_next,), allow=(), ops=(),
+          prop_doc="a keep mask is its entries: equality on windows, sinks, gaps and more sinks than keys is the property",
           hint="work out from the lesson's section 5 which keys the next query may attend to, then ask whether any "
                "later query could see a key that the next one cannot")
 def _evict():
@@ -200,10 +311,14 @@ def _dropped_mass_cases():
             q, k = (torch.randn(t, 16, generator=gen, dtype=torch.float64) for _ in range(2))  # (T, 16) each
             cases.append(Case(f"seed={seed}, T={t}, window={w}, slope={m:g}", (q, k, w, m),
                               expected=window_dropped_mass(q, k, w, m), rtol=1e-6, atol=1e-9))
+    gen = torch.Generator().manual_seed(710)
+    q, k = (torch.randn(48, 16, generator=gen, dtype=torch.float64) ** 3 for _ in range(2))  # heavy tails
+    cases.append(Case("cubed normal queries and keys, T=48, window=6, slope=0.125", (q, k, 6, 0.125),
+                      expected=window_dropped_mass(q, k, 6, 0.125), rtol=1e-6, atol=1e-9))
     return cases
 
 
-@exercise("07-window-dropped-mass", "dropped_mass", points=2, category="experiment",
+@exercise("07-window-dropped-mass", "dropped_mass", points=2, category="experiment", allow=(),
           hint="chapter 06 gives the ALiBi bias and the lesson's section 5 the window; the weights to add up are "
                "those of full causal attention, on the keys the window would not let the query see")
 def _dropped_mass():

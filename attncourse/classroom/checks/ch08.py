@@ -7,6 +7,7 @@ float64, never from a copy of the solution.
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -39,10 +40,50 @@ def _shortcut_merge_lse(m_all, l_all):
     return m, torch.exp(lse)
 
 
+_VIEWS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|slice|select|unsqueeze|squeeze|alias|"
+                    r"detach|lift_fresh|as_strided|split|split_with_sizes|unbind|chunk|narrow|diagonal|unfold|"
+                    r"empty|empty_like|empty_strided|zeros|zeros_like|ones|ones_like|full|full_like|new_empty|"
+                    r"new_zeros|new_full|new_ones|arange|scalar_tensor|_local_scalar_dense|item|is_nonzero|"
+                    r"sym_size|sym_stride|sym_numel|sym_storage_offset|_has_compatible_shallow_copy_type)$")
+
+
+def _op(name: str) -> str:
+    return name.split("::")[-1].split(".")[0]
+
+
+def _work(ops) -> int:
+    """The operators that compute (views, allocations and the guard's own stream bookkeeping aside)."""
+    return sum(not _VIEWS.match(_op(name)) and _op(name) != "fill_" for name, *_ in ops)
+
+
+def _merge_in_one_step(runs) -> str | None:
+    by_k = {}
+    for run in runs:
+        by_k.setdefault(int(run.case.args[0].shape[0]), []).append(_work(run.trace["ops"]))
+    small, large = min(by_k), max(by_k)
+    if max(by_k[large]) > max(by_k[small]) + 2:
+        return (f"your code runs {max(by_k[large])} operators for {large} chunk states and {max(by_k[small])} for "
+                f"{small}: it merges the states one after another; merge all K of them in one step")
+    return None
+
+
+def _breaker_merge_pairwise(m_all, l_all):
+    """A left fold of a hand-written pairwise merge: right, but one state at a time (refused by the property)."""
+    m, l = m_all[0], l_all[0]
+    for m_b, l_b in zip(m_all[1:], l_all[1:]):
+        new = torch.maximum(m, m_b)
+        ref = new.masked_fill(torch.isneginf(new), 0.0)
+        l = l * torch.exp(m - ref) + l_b * torch.exp(m_b - ref)
+        m = new
+    return m, l
+
+
 @exercise("08-merge-many", "merge_many", points=2, category="implement",
           forbid=("torch.logsumexp", "torch.logaddexp", "attncourse.online_softmax.merge_softmax_states",
                   "attncourse.online_softmax.merge_attention_states"),
-          shortcuts=(_shortcut_merge_fold, _shortcut_merge_lse),
+          shortcuts=(_shortcut_merge_fold, _shortcut_merge_lse), allow=(), ops=("logsumexp", "softmax"),
+          prop=_merge_in_one_step, breakers=(_breaker_merge_pairwise,),
+          prop_doc="the K states are merged in one step: the operator count does not grow with K (K = 1 to 6)",
           title="Merge K chunk states in one step",
           hint="the merged maximum is the largest of the K maxima; each chunk's sum was taken relative to its own "
                "maximum, so bring every one to the merged maximum before adding. Chunks that are empty must drop "
@@ -79,29 +120,97 @@ def _log_softmax_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(x).all(dim=-1, keepdim=True), torch.full_like(x, NEG_INF), out)
 
 
-def _shortcut_log_softmax(x, chunk_size):
-    """PyTorch's log_softmax, with the fully masked rows mended: must be refused."""
-    return _log_softmax_reference(x)
+def _shortcut_log_softmax(chunks, chunk_size):
+    """PyTorch's log_softmax of the chunks put back together, fully masked rows mended: must be refused."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    return torch.where(torch.isneginf(x).all(dim=-1, keepdim=True), torch.full_like(x, NEG_INF), x.log_softmax(-1))
 
 
-def _shortcut_logsumexp(x, chunk_size):
+def _shortcut_logsumexp(chunks, chunk_size):
     """x minus torch.logsumexp of the row: must be refused."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+_REDUCTIONS = re.compile(r"^(sum|nansum|mean|amax|amin|max|min|aminmax|prod|all|any|norm|linalg_vector_norm|var|std|"
+                         r"var_mean|std_mean|cumsum|cumprod|cummax|cummin|sort|topk|argmax|argmin|median|nanmedian|"
+                         r"kthvalue|mode|count_nonzero|logsumexp|logcumsumexp|mm|mv|bmm|addmm|addmv|matmul|dot|vdot|"
+                         r"einsum|tensordot|baddbmm|max_pool\w*|avg_pool\w*)$")
+
+
+def _reads_once(runs) -> str | None:
+    """One pass over a one-shot stream: no reduction over more than a chunk's entries, and, once the stream is
+    exhausted, a constant amount of work per row (not a second pass over kept chunks)."""
+    tails = {}
+    for run in runs:
+        x, chunk_size = run.case.args
+        n = x.shape[-1]
+        expected_chunks = -(-n // chunk_size)
+        if run.trace.get("chunks", 0) != expected_chunks:
+            return f"case '{run.case.name}': your code took {run.trace.get('chunks', 0)} of the {expected_chunks} chunks"
+        ops = run.trace["ops"]
+        for name, _launch, _helper, tensors in ops:
+            if _REDUCTIONS.match(_op(name).lstrip("_")) and tensors and len(tensors[0][2]) and \
+                    tensors[0][2][-1] > chunk_size:
+                return (f"case '{run.case.name}': your code reduces over {tensors[0][2][-1]} entries of a row at once, "
+                        f"more than a chunk ({chunk_size}): it kept the chunks and made another pass over them; "
+                        "fold each chunk into the running state while you hold it")
+        # the stream ends where the guard overwrites its last chunk with NaN (the first fill_ of that chunk: a label
+        # follows a storage, and freed memory can come back under a new tensor)
+        final = f"chunk {expected_chunks - 1}"
+        end = next((i for i, (name, _l, _h, tensors) in enumerate(ops)
+                    if _op(name) == "fill_" and tensors and tensors[0][0] == final), None)
+        if end is None:
+            end = max((i for i, (_n, _l, _h, tensors) in enumerate(ops) if any(t[0] == final for t in tensors)),
+                      default=len(ops) - 1)
+        tails[run.case.name] = (expected_chunks, _work(ops[end + 1:]))
+    few = min(tails.values())
+    many = max(tails.values())
+    if many[1] > few[1] + 4:
+        return (f"after the last chunk your code runs {many[1]} operators for {many[0]} chunks and {few[1]} for "
+                f"{few[0]}: it goes over the kept chunks again; finish each row with a constant amount of work")
+    return None
+
+
+def _breaker_buffer_three_pass(chunks, chunk_size):
+    """Keep every chunk, then the three-pass log-softmax over the whole row: refused by the property."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    m = x.amax(dim=-1, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref).sum(dim=-1, keepdim=True)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+def _breaker_buffer_two_pass(chunks, chunk_size):
+    """Keep every chunk, then a max pass and a sum pass over the kept chunks (each reduction a chunk wide)."""
+    kept = [c.clone() for c in chunks]
+    m = kept[0].amax(dim=-1)
+    for c in kept[1:]:
+        m = torch.maximum(m, c.amax(dim=-1))
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    total = torch.zeros_like(m)
+    for c in kept:
+        total = total + torch.exp(c - ref[..., None]).sum(dim=-1)
+    lse = (torch.log(total) + ref)[..., None]
+    return torch.cat([torch.where(torch.isneginf(lse), torch.full_like(c, NEG_INF), c - lse) for c in kept], dim=-1)
 
 
 @exercise("08-one-pass-log-softmax", "log_softmax_one_pass", points=3, category="implement",
           forbid=("torch.log_softmax", "torch.softmax", "torch.logsumexp",
                   "attncourse.online_softmax.one_pass_softmax", "attncourse.online_softmax.two_pass_softmax",
                   "attncourse.online_softmax.online_softmax_state"),
-          shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp),
+          shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp), allow=(), ops=("softmax", "logsumexp"),
+          stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_two_pass),
+          prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, and a constant amount "
+                   "of work per row after the last chunk",
           title="A log-softmax that reads its input once",
           hint="write each chunk relative to the running maximum as soon as you read it, in log space; when the "
                "maximum grows, what operation brings what you already wrote to the new maximum (in log space it "
                "is not a product)? At the end one more correction per row finishes the job. A fully masked row "
                "gives minus infinity everywhere, never NaN")
 def _one_pass_log():
-    """Log-softmax over the last dim that reads the input once, chunk by chunk."""
+    """Log-softmax over the last dim of a one-shot stream of chunks, read once."""
     gen = torch.Generator().manual_seed(9)
     cases = []
 
@@ -126,10 +235,15 @@ def _one_pass_log():
 # ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
 
 
-@exercise("08-merge-bug", "merge_partial_fixed", points=2, category="bug",
+@exercise("08-find-the-bug-1", "merge_partial_fixed", points=2, category="bug", aliases=("08-merge-bug",),
           forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
-          bug_words=("inf minus inf", "-inf - -inf", "infinity minus infinity", "unguarded", "no guard",
-                     "missing guard", "guard against"),
+          allow=(), ops=("attention", "softmax", "logsumexp"),
+          prop_doc="a merge is elementwise arithmetic on the given states: equality on rows with no key in one or both "
+                   "halves (the empty state, no NaN) is the property",
+          bug_words=("inf minus inf", "-inf - -inf", "-inf - (-inf)", "-inf-(-inf)", "infinity minus infinity",
+                     "unguarded", "no guard", "missing guard", "guard against", "minus infinity minus",
+                     "nan from -inf", "subtract 0 there", "subtracting -inf", "both maxima are -inf",
+                     "both maxima are minus infinity"),
           title="Fix the merge of two partial attention results",
           hint="the merge is right wherever a row has seen at least one key. Follow a padding query through it: "
                "what are both maxima and the merged maximum there, and what does the subtraction inside each "

@@ -10,12 +10,13 @@ load all chapters); the two exercises whose reference is the package's own decod
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
 from attncourse.mha import repeat_kv
 from attncourse.sdpa import safe_softmax, scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, exercise, forbidden
 
 _NEG_INF = float("-inf")
 
@@ -29,6 +30,39 @@ def _triton_decode():
     from attncourse import triton_decode
 
     return triton_decode
+
+
+# ----------------------------------------------------------------------------- the property of a Triton exercise
+
+# What a launcher may run outside its kernel: allocate, view, convert (never compute values, nor write them from
+# Python: a tensor built from Python numbers, a fill, an indexed write or a gather all count as computing).
+_HOST_OPS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|slice|select|unsqueeze|squeeze|alias|"
+                       r"detach|clone|contiguous|_to_copy|empty|empty_like|empty_strided|zeros|zeros_like|new_empty|"
+                       r"new_zeros|_local_scalar_dense|as_strided|is_nonzero|item|split|unbind|chunk|narrow|"
+                       r"sym_size|sym_stride|sym_numel|sym_storage_offset)$")
+
+
+def _base(op: str) -> str:
+    return op.split("::")[-1].split(".")[0]
+
+
+def in_kernel(runs) -> str | None:
+    """The property of a Triton exercise: a @triton.jit kernel was launched on every case, and no PyTorch operation
+    computed (or wrote) values outside it: the launcher only allocates, views, converts and launches."""
+    for run in runs:
+        trace = run.trace or {}
+        if not trace.get("launches"):
+            return (f"no Triton kernel ran on case '{run.case.name}': this exercise asks for the work to happen in "
+                    "the @triton.jit kernel your launcher calls")
+        for op, in_launch, in_allowed, _ in trace.get("ops", ()):
+            if in_allowed:
+                continue
+            name = _base(op)
+            if (forbidden.DATA_OPS.match(name) if in_launch else _HOST_OPS.match(name)) is None:
+                return (f"your code ran the PyTorch operation {name} {'inside the kernel' if in_launch else 'outside the kernel'} "
+                        f"on case '{run.case.name}': the kernel must compute the result, the launcher only allocates, "
+                        "converts and launches")
+    return None
 
 
 # ----------------------------------------------------------------------------- 1. the online update, lse form
@@ -45,8 +79,21 @@ def _shortcut_online_update(out, lse, s, v):
     """Chapter 08's library update on the state (m, l, acc) = (lse, 1, out): must be refused."""
     from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
 
-    state = AttentionState(lse, torch.isfinite(lse).to(out.dtype), out)
+    state = AttentionState(lse, (lse > _NEG_INF).to(out.dtype), out)  # l = 1 where a key was seen
     return finalize_attention_state(online_attention_update(state, s, v))
+
+
+def _breaker_online_update(out, lse, s, v):
+    """The update in plain PyTorch (exp2 with a change of base, no kernel): the right numbers, no Triton."""
+    log2e = 1.4426950408889634
+    ref = torch.maximum(lse, s.amax(-1))
+    ref = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)
+    w_old = torch.exp2((lse - ref) * log2e)  # (R,)
+    p = torch.exp2((s - ref[:, None]) * log2e)  # (R, C)
+    total = w_old + p.sum(-1)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    out_new = (w_old[:, None] * out + p @ v) / safe[:, None]  # (R, D)
+    return out_new, torch.where(total > 0, ref + torch.log(safe), torch.full_like(ref, float("-inf")))
 
 
 @exercise("10-online-update", "lse_update", points=3, category="implement",
@@ -54,6 +101,9 @@ def _shortcut_online_update(out, lse, s, v):
                   "attncourse.sdpa.safe_softmax", "attncourse.online_softmax.online_attention_update",
                   "attncourse.online_softmax.merge_attention_states",
                   "attncourse.online_softmax.finalize_attention_state"),
+          allow=(), ops=("softmax", "logsumexp"), prop=in_kernel,
+          prop_doc="the update runs in a Triton kernel: a launch on every case, no PyTorch arithmetic outside it",
+          breakers=(_breaker_online_update,),
           shortcuts=(_shortcut_online_update,),
           hint="the old state and the new block are log-sum-exps over two disjoint sets of keys: bring both to one "
                "reference (the larger) before adding them, and weight the old output by its share. A row whose "
@@ -111,21 +161,41 @@ def _query_blocks_needed(t_q, t_k, block_q, block_k, causal_align, window) -> to
 
 
 def _shortcut_query_blocks(t_q, t_k, block_q, block_k, causal_align, window):
-    """Materialise the mask with the course's mask functions and reduce it per tile: must be refused."""
-    from attncourse import masks
+    """Materialise the mask with the course's causal mask (a window on top) and reduce it per tile: must be refused."""
+    from attncourse.sdpa import causal_mask
 
     offset = t_k - t_q if causal_align == "bottom_right" else 0
-    w = window if window is not None else t_k + t_q
-    mask = masks.materialize(lambda b, h, i, j: (j <= i + offset) & (j > i + offset - w), t_q, t_k)
+    rows = torch.arange(t_q)[:, None] + offset  # (Tq, 1) aligned positions
+    keep = causal_mask(t_q + max(offset, 0), t_k)[max(offset, 0):] if offset >= 0 else \
+        causal_mask(t_q, t_k + t_q)[:, -offset:-offset + t_k] & (rows >= 0)
+    if window is not None:
+        keep = keep & (torch.arange(t_k)[None, :] > rows - window)
     n_qb, n_kb = -(-t_q // block_q), -(-t_k // block_k)
     padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
-    padded[:t_q, :t_k] = mask.reshape(t_q, t_k)
+    padded[:t_q, :t_k] = keep
     return padded.reshape(n_qb, block_q, n_kb, block_k).any(3).any(1).T
+
+
+def _breaker_query_blocks(t_q, t_k, block_q, block_k, causal_align, window):
+    """The right ranges computed in Python and written into the table from Python: no kernel."""
+    offset = t_k - t_q if causal_align == "bottom_right" else 0
+    n_qb, n_kb = -(-t_q // block_q), -(-t_k // block_k)
+    visit = torch.zeros(n_kb, n_qb, dtype=torch.bool)
+    for kb in range(n_kb):
+        lo = max(kb * block_k - offset, 0) // block_q * block_q
+        hi = t_q if window is None else max(min(t_q, min(kb * block_k + block_k, t_k) - 1 + window - offset), 0)
+        for qb in range(n_qb):
+            visit[kb, qb] = lo <= qb * block_q < hi
+    return visit
 
 
 @exercise("10-causal-blocks", "query_blocks", points=2, category="implement",
           forbid=("attncourse.masks.materialize", "attncourse.masks.materialize_at", "attncourse.sdpa.causal_mask",
                   "attncourse.flash.causal_tile_map", "torch.tril", "torch.triu"),
+          allow=(), ops=("aten::tril", "aten::triu"), prop=in_kernel,
+          prop_doc="the table is computed in a Triton kernel: a launch on every case, no values computed or written "
+                   "outside it",
+          breakers=(_breaker_query_blocks,),
           shortcuts=(_shortcut_query_blocks,),
           hint="ask two questions about a query at aligned position p: from which p on does it see the block's "
                "first key, and up to which p does its window still reach the block's last key? Turn both positions "
@@ -165,17 +235,31 @@ def _shortcut_decode_package(query, key, value):
     return _triton_decode().triton_flash_decode(query, key, value)
 
 
-@exercise("10-decode-bug", "decode_fixed", points=2, category="bug",
+def _breaker_decode(query, key, value):
+    """Attention of each query head over its own group's KV head in plain PyTorch: the right output, no kernel."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    index = torch.arange(heads) // (heads // kv_heads)  # (H,) the KV head of each query head
+    k, v = key[:, index], value[:, index]  # (B, H, Tk, D)
+    s = (query @ k.transpose(-2, -1)) / math.sqrt(query.shape[-1])  # (B, H, 1, Tk)
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p / p.sum(-1, keepdim=True)) @ v  # (B, H, 1, D)
+
+
+@exercise("10-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("10-decode-bug",),
+          allow=(), ops=("attention", "softmax", "aten::repeat_interleave"), prop=in_kernel,
+          prop_doc="the fix is in the kernel: a launch on every case, no PyTorch arithmetic or gather of heads "
+                   "outside it",
+          breakers=(_breaker_decode,),
           forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "attncourse.gqa.grouped_attention", "attncourse.mha.repeat_kv", "torch.repeat_interleave",
                   "attncourse.triton_decode.triton_flash_decode", "attncourse.triton_decode.split_kv_partials",
                   "attncourse.triton_flash.triton_flash_attention",
                   "attncourse.triton_flash.triton_flash_attention_forward"),
           shortcuts=(_shortcut_decode, _shortcut_decode_package),
-          bug_words=("modulo", "remainder", "% H_KV", "% n_kv", "interleave"),
-          hint="run it with more query heads than KV heads (8 over 2, 6 over 3) and compare each query head with the "
-               "oracle: which heads come out wrong, and which KV head did each of them read? Chapter 05 fixed which "
-               "query heads share a KV head")
+          bug_words=("modulo", "remainder", "% n_kv", "interleave", "// group", "which KV head", "wrong KV head",
+                     "consecutive query heads", "adjacent query heads", "round-robin", "round robin", "cyclic"),
+          hint="run it with more query heads than KV heads (8 over 2, 6 over 3) and compare each query head's output "
+               "with the oracle: which heads come out wrong, and which are right?")
 def _decode_bug_cases():
     """Find and fix the bug in a one-token decode kernel."""
     gen = torch.Generator().manual_seed(12)
@@ -240,10 +324,14 @@ def split_errors_reference(seed: int) -> torch.Tensor:
 
 
 @exercise("10-split-experiment", "split_errors", points=2, category="experiment",
+          allow=("attncourse.triton_decode.triton_flash_decode", "attncourse.sdpa.scaled_dot_product_attention",
+                 "attncourse.mha.repeat_kv"),
           hint="draw q, then k, then v from one generator seeded with `seed`, in float16, with the shapes given; "
                "compare each decode with the oracle in float64 over K and V repeated per query head, and keep the "
                "largest absolute difference for each number of splits")
 def _split_experiment_cases():
     """Does splitting the keys cost accuracy? Float16 decode error against the number of splits, per seed."""
+    # Seeds 2 and 4 give different errors for different numbers of splits (by 3 % and 15 %): one decode copied
+    # three times, or a constant, fails; seed 0 gives the same error for all three.
     return [Case(f"seed {seed}", (seed,), expected=split_errors_reference(seed), rtol=1e-2, atol=1e-7)
-            for seed in (0, 1, 2)]
+            for seed in (0, 2, 4)]

@@ -7,6 +7,8 @@ from a copy of a solution.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attncourse.block_sparse import tile_states
@@ -28,9 +30,41 @@ def _shortcut_tile_states(mask, block_q, block_k):
     return tile_states(lambda b, h, i, j: mask[i, j], mask.shape[0], mask.shape[1], block_q, block_k)
 
 
+def _breaker_tile_states(mask, block_q, block_k):
+    """Every tile visited by a Python loop: the right states, one handful of operations per tile."""
+    t_q, t_k = mask.shape
+    n_q, n_k = -(-t_q // block_q), -(-t_k // block_k)
+    states = torch.zeros(n_q, n_k, dtype=torch.long)
+    for a in range(n_q):
+        for b in range(n_k):
+            tile = mask[a * block_q:(a + 1) * block_q, b * block_k:(b + 1) * block_k]
+            states[a, b] = 2 if bool(tile.all()) else 1 if bool(tile.any()) else 0
+    return states
+
+
+def _no_loop_over_tiles(runs) -> str | None:
+    """The number of PyTorch operations must not grow with the number of tiles (no Python loop over tiles)."""
+    def tiles(run):
+        mask, bq, bk = run.case.args
+        return -(-mask.shape[0] // bq) * -(-mask.shape[1] // bk)
+
+    def ops(run):
+        return sum((run.trace or {}).get("counts", {}).values()) + (run.trace or {}).get("dropped", 0)
+
+    few, many = min(runs, key=tiles), max(runs, key=tiles)
+    if ops(many) > 2 * ops(few) + 20:
+        return (f"your code ran {ops(many)} PyTorch operations for {tiles(many)} tiles and {ops(few)} for "
+                f"{tiles(few)}: the work grows with the number of tiles, so it loops over tiles in Python; "
+                "reduce every tile at once")
+    return None
+
+
 @exercise("11-tile-states", "tile_states_of", points=2, category="implement",
           forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map",
                   "torch.nn.attention.flex_attention.create_block_mask"),
+          allow=(), ops=("attention",), prop=_no_loop_over_tiles,
+          prop_doc="every tile is reduced at once: the operation count does not grow with the number of tiles",
+          breakers=(_breaker_tile_states,),
           shortcuts=(_shortcut_tile_states,),
           hint="test a mask whose sides are not multiples of the tile sizes: what state should a small corner tile "
                "get when every pair it really holds is allowed?")
@@ -47,6 +81,7 @@ def _tile_states_cases():
         ("random, 5 x 7, tiles 2 x 3", torch.rand(5, 7, generator=gen) < 0.3, 2, 3),
         ("all allowed, one tile bigger than the mask", torch.ones(6, 5, dtype=torch.bool), 8, 8),
         ("nothing allowed", torch.zeros(9, 9, dtype=torch.bool), 4, 4),
+        ("random, 64 x 96, tiles 4 x 4 (384 tiles)", torch.rand(64, 96, generator=gen) < 0.05, 4, 4),
     ]
     for name, mask, bq, bk in specs:
         mask = mask.contiguous()
@@ -80,6 +115,9 @@ def _slot_reference(block_table, length, n_new, page_size, free_pages, last_page
 @exercise("11-slot-mapping", "slot_mapping", points=2, category="implement",
           forbid=("attncourse.paged_cache.PagedKVCache.append", "attncourse.paged_cache.PagedKVCache.slot",
                   "attncourse.paged_cache.PagedKVCache._allocate"),
+          allow=(), ops=(),
+          prop_doc="the block table and the slots are plain integers from plain integers: the page arithmetic is the "
+                   "only way to them once the cache's own code is refused, so equal values are the skill",
           shortcuts=(_slot_reference,),
           hint="test an append that starts in the middle of a shared page and runs over two page boundaries: "
                "which page does its first token land in, and which pages leave the free list, in what order?")
@@ -110,6 +148,9 @@ def _merge_reference(out_a, lse_a, out_b, lse_b):
 @exercise("11-merge-ranks", "merge_partials", points=2, category="implement",
           forbid=("attncourse.online_softmax.merge_attention_states", "attncourse.online_softmax.merge_softmax_states",
                   "attncourse.online_softmax.online_attention_update"),
+          allow=(), ops=("softmax",),
+          prop_doc="a merge is a closed formula of its four inputs; equal values on every case (empty sides, very "
+                   "different masses) are the skill once the library's merges and a softmax over the lses are refused",
           shortcuts=(_merge_reference,),
           hint="the merged lse is the log of the summed masses of both sides; each side's output then counts in "
                "proportion to its own share of that mass. A row where both sides are empty must come out as zeros "
@@ -149,12 +190,49 @@ def paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes):
     return out[0, :, 0].to(query.dtype)  # (H, D)
 
 
-@exercise("11-paged-alibi-bug", "paged_alibi_decode_fixed", points=2, category="bug",
+def _breaker_paged_alibi(query, k_pages, v_pages, block_table, length, slopes):
+    """The sequence's pages gathered into one dense (H, L, D) cache, then one softmax: the right output, no paging."""
+    h, d = query.shape
+    hkv, page = k_pages.shape[1], k_pages.shape[2]
+    kv_of = torch.arange(h) // (h // hkv)
+    keys = k_pages[block_table].transpose(0, 1).reshape(hkv, -1, d)[:, :length][kv_of]  # (H, L, D)
+    vals = v_pages[block_table].transpose(0, 1).reshape(hkv, -1, d)[:, :length][kv_of]
+    s = (keys @ query[:, :, None]).squeeze(-1) / math.sqrt(d)  # (H, L)
+    s = s - slopes[:, None] * ((length - 1) - torch.arange(length))[None, :]
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p[:, None, :] @ vals).squeeze(1) / p.sum(-1, keepdim=True)
+
+
+def _page_by_page(runs) -> str | None:
+    """No tensor holds the keys of more than one page: on the long cases, no operation sees a dimension as long as
+    the sequence (or its pages laid end to end)."""
+    for run in runs:
+        q, k_pages, _, table, length, _ = run.case.args
+        page = k_pages.shape[2]
+        if length <= 2 * page:
+            continue
+        gathered = {length, len(table) * page, k_pages.shape[1] * length, k_pages.shape[1] * len(table) * page,
+                    q.shape[0] * length}
+        for op, _, _, tensors in (run.trace or {}).get("ops", ()):
+            for _, _, shape, _ in tensors:
+                if gathered & set(shape):
+                    return (f"on case '{run.case.name}' your code ran {op.split('::')[-1]} on a tensor of shape "
+                            f"{tuple(shape)}: the keys of the whole sequence in one tensor. Read the pages in place, "
+                            "one at a time")
+    return None
+
+
+@exercise("11-find-the-bug-1", "paged_alibi_decode_fixed", points=2, category="bug", aliases=("11-paged-alibi-bug",),
           forbid=("attncourse.paged_cache.paged_attention", "attncourse.paged_cache.PagedKVCache.gather",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          bug_words=("modulo", "h % hkv", "% hkv", "// group", "consecutive query heads", "adjacent query heads"),
+          allow=(), ops=("attention",), prop=_page_by_page,
+          prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence",
+          breakers=(_breaker_paged_alibi,),
+          bug_words=("modulo", "// group", "consecutive query heads", "adjacent query heads", "which KV head",
+                     "wrong KV head", "cyclic", "remainder"),
           hint="test more query heads than KV heads with more than one KV head (say 4 over 2), and compare each "
-               "query head's output with dense attention over its own group's keys: which heads come out wrong?")
+               "query head's output with dense attention over the keys it should see: which heads come out wrong, "
+               "and which are right?")
 def _paged_alibi_cases():
     """Find and fix the bug in a paged decode step with ALiBi and grouped-query attention."""
     gen = torch.Generator().manual_seed(14)
@@ -165,6 +243,8 @@ def _paged_alibi_cases():
         "three pages out of order, 10 tokens, 4 heads over 2 KV heads": (6, 4, 2, 4, 8, [5, 0, 3], 10),
         "pages of 2, 9 tokens, 8 heads over 2 KV heads": (8, 8, 2, 2, 4, [7, 1, 6, 2, 4], 9),
         "pages of 3, 8 tokens, 6 heads over 3 KV heads": (5, 6, 3, 3, 4, [4, 0, 2], 8),
+        "nine pages of 4, 35 tokens, 4 heads over 2 KV heads": (16, 4, 2, 4, 8, [11, 3, 14, 0, 7, 9, 1, 12, 5], 35),
+        "seven pages of 5, 33 tokens, 6 heads over 2 KV heads": (9, 6, 2, 5, 4, [8, 2, 6, 0, 4, 1, 7], 33),
     }.items():
         kp = torch.randn(n_pages, n_kv, page, d, generator=gen, dtype=torch.float64)
         vp = torch.randn(n_pages, n_kv, page, d, generator=gen, dtype=torch.float64)
@@ -216,6 +296,8 @@ def budget_reference(seed: int) -> torch.Tensor:
 
 
 @exercise("11-chunking-experiment", "smallest_budget", points=2, category="experiment",
+          allow=("attncourse.scheduler.random_workload", "attncourse.scheduler.simulate",
+                 "attncourse.scheduler.SimResult", "attncourse.scheduler.Request"),
           hint="a budget too small pays the weight read on every step for too few tokens; compare every budget "
                "with the same whole-prompt run of the same requests, and watch whether the answer is the same "
                "budget for every seed")

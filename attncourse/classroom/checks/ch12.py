@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from attncourse.heads import ablation_effects, induction_scores, planted_induction_model, repeated_tokens
 from attncourse.variants import DifferentialAttention, diff_lambda_init, differential_attention, sigmoid_attention
 from attncourse.vit import patchify
-from . import Case, exercise
+from . import Case, exercise, forbidden
 
 
 def _qkv(gen: torch.Generator, lead: tuple, tq: int, tk: int, d: int, dv: int, n: int = 1) -> list[torch.Tensor]:
@@ -25,6 +25,9 @@ def _shortcut_sigmoid(q, k, v, is_causal=False):
 
 @exercise("12-sigmoid", "sigmoid_attn", points=2, category="implement",
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
+          allow=(), ops=("attention", "softmax"),
+          prop_doc="sigmoid attention is a closed formula: equal outputs in float64 (causal or not, Tq != Tk) are "
+                   "the skill once the package's sigmoid_attention and the fused kernels are refused",
           shortcuts=(_shortcut_sigmoid,),
           hint="each weight is the sigmoid of its own scaled score plus the bias the lesson derives, with no "
                "normalisation over the row; with is_causal, a key after the query must get weight exactly 0, "
@@ -53,10 +56,37 @@ def _shortcut_diff_sdpa(q, k, v, lam, is_causal=False):
     return a - lam * F.scaled_dot_product_attention(q2, k2, v, is_causal=is_causal)
 
 
+def _breaker_diff(q, k, v, lam, is_causal=False):
+    """Each map multiplied by v on its own, then subtracted: the right output, v read twice."""
+    d = q.shape[-1] // 2
+    outs = []
+    for half in (slice(0, d), slice(d, 2 * d)):
+        s = q[..., half] @ k[..., half].transpose(-2, -1) / math.sqrt(d)
+        if is_causal:
+            s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        outs.append(s.softmax(dim=-1) @ v)
+    return outs[0] - lam * outs[1]
+
+
+def _one_value_product(runs) -> str | None:
+    """v (the third argument) enters exactly one arithmetic operation: the maps are subtracted before touching v."""
+    for run in runs:
+        uses = [op for op, _, _, tensors in (run.trace or {}).get("ops", ())
+                if any(t[0] == "arg2" for t in tensors) and not forbidden.DATA_OPS.match(op.split("::")[-1].split(".")[0])]
+        if len(uses) != 1:
+            return (f"on case '{run.case.name}' the values v entered {len(uses)} operations "
+                    f"({', '.join(u.split('::')[-1] for u in uses[:4])}): subtract the two maps first, then multiply "
+                    "by v once")
+    return None
+
+
 @exercise("12-diff-attention", "diff_attn", points=3, category="implement",
           forbid=("attncourse.differential_attention", "attncourse.variants.differential_attention",
                   "attncourse.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "torch.nn.functional.scaled_dot_product_attention"),
+          allow=(), ops=("attention",), prop=_one_value_product,
+          prop_doc="one value product: the two maps are subtracted before v is touched (v enters one operation)",
+          breakers=(_breaker_diff,),
           shortcuts=(_shortcut_diff, _shortcut_diff_sdpa),
           hint="the first half of the last dim of q and k makes the first map, the second half the second map; "
                "the scale comes from the half width, not the packed one; subtract the maps before touching v "
@@ -76,16 +106,16 @@ def _diff():
 
 
 @exercise("12-predict", "predicted", kind="value", points=1, category="predict",
-          parts=("lambda_init at layer 1", "lambda_init at layer 12", "parameter count"),
+          parts=("lambda_init at layer 8", "lambda_init at layer 12", "parameter count"),
           hint="the schedule of the lesson's section 4 rises from its first-layer value towards its limit as the "
-               "layer number grows, with the first layer at exponent zero; for the count, add the square "
+               "layer number grows: evaluate the lesson's formula at the layers asked; for the count, add the square "
                "projections (no bias), the four lambda vectors of the half-head width and the norm's gain over one "
                "head's output features")
 def _predict():
-    """Predict lambda_init for layers 1 and 12, and the parameter count of DifferentialAttention(128, 4)."""
+    """Predict lambda_init for layers 8 and 12, and the parameter count of DifferentialAttention(128, 4)."""
     count = sum(p.numel() for p in DifferentialAttention(128, 4).parameters())
-    return [Case("(lambda_init at layer 1, lambda_init at layer 12, parameters of DifferentialAttention(128, 4))",
-                 expected=(diff_lambda_init(1), diff_lambda_init(12), count), rtol=1e-4, atol=1e-6)]
+    return [Case("(lambda_init at layer 8, lambda_init at layer 12, parameters of DifferentialAttention(128, 4))",
+                 expected=(diff_lambda_init(8), diff_lambda_init(12), count), rtol=1e-4, atol=1e-6)]
 
 
 def _random_maps(gen: torch.Generator, lead: tuple, t: int) -> torch.Tensor:
@@ -98,8 +128,38 @@ def _shortcut_induction(weights, seg_len):
     return induction_scores(weights, seg_len)
 
 
+def _breaker_induction(weights, seg_len):
+    """A Python loop over the queries of the second copy: the right scores, one indexing per position."""
+    total = torch.zeros(weights.shape[:-2], dtype=weights.dtype)
+    for t in range(seg_len, 2 * seg_len):
+        total = total + weights[..., t, t - seg_len + 1]
+    return total / seg_len
+
+
+def _ops_count(run) -> int:
+    trace = run.trace or {}
+    return sum(trace.get("counts", {}).values()) + trace.get("dropped", 0)
+
+
+def _no_loop_over(size, what):
+    """A property: the operation count does not grow with `size(run)` (no Python loop over `what`)."""
+    def prop(runs):
+        small, large = min(runs, key=size), max(runs, key=size)
+        if _ops_count(large) > 2 * _ops_count(small) + 20:
+            return (f"your code ran {_ops_count(large)} PyTorch operations for {size(large)} {what} and "
+                    f"{_ops_count(small)} for {size(small)}: the work grows with the number of {what}, so it loops "
+                    f"over them in Python; handle all {what} at once")
+        return None
+
+    prop.__name__ = f"no_loop_over_{what.replace(' ', '_')}"
+    return prop
+
+
 @exercise("12-induction-score", "induction_score", points=2, category="implement",
           forbid=("attncourse.induction_scores", "attncourse.heads.induction_scores"),
+          allow=(), ops=("attention", "softmax"), prop=_no_loop_over(lambda run: run.case.args[1], "positions"),
+          prop_doc="no Python loop over positions: the operation count does not grow with the segment length",
+          breakers=(_breaker_induction,),
           shortcuts=(_shortcut_induction,),
           hint="only queries of the second copy count; each looks one position after its token's earlier "
                "occurrence, a fixed offset below the diagonal; gather those entries (a diagonal of the map, or "
@@ -108,7 +168,7 @@ def _induction_score():
     """Score every head's map for the induction pattern on a repeated sequence."""
     gen = torch.Generator().manual_seed(122)
     cases = []
-    for lead, seg_len in (((3,), 4), ((2, 4), 6), ((1, 2, 3), 5), ((2,), 1)):
+    for lead, seg_len in (((3,), 4), ((2, 4), 6), ((1, 2, 3), 5), ((2,), 1), ((2, 2), 48)):
         w = _random_maps(gen, lead, 2 * seg_len)
         cases.append(Case(f"weights {tuple(w.shape)}, seg_len={seg_len}", (w, seg_len),
                           expected=induction_scores(w, seg_len), rtol=1e-7, atol=1e-9))
@@ -138,6 +198,9 @@ def _shortcut_find_head(maps, seg_len):
 
 @exercise("12-find-head", "find_induction_head", points=1, category="implement",
           forbid=("attncourse.induction_scores", "attncourse.heads.induction_scores"),
+          allow=(), ops=("attention", "softmax"),
+          prop_doc="the (layer, head) pair is the skill: the planted head moves from case to case, among distractors "
+                   "(a previous-token head), and the library's scores are refused",
           shortcuts=(_shortcut_find_head,),
           hint="score every (layer, head) with your own induction score, then turn the flat position of the best "
                "one back into a row and a column of the (layers, H) table, as two Python ints")
@@ -156,6 +219,14 @@ def _find_head():
     return cases
 
 
+def _breaker_patchify(images, p):
+    """Every patch cut out by a Python loop and stacked: the right patches, one slice per patch."""
+    b, c, h, w = images.shape
+    patches = [images[:, :, r:r + p, col:col + p].reshape(b, c * p * p)
+               for r in range(0, h, p) for col in range(0, w, p)]
+    return torch.stack(patches, 1)  # (B, N, C p^2)
+
+
 def _shortcut_patchify(images, p):
     return patchify(images, p)
 
@@ -167,6 +238,11 @@ def _shortcut_unfold(images, p):
 @exercise("12-patchify", "my_patchify", points=2, category="implement",
           forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold",
                   ),
+          allow=(), ops=("aten::im2col", "aten::col2im"),
+          prop=_no_loop_over(lambda run: (run.case.args[0].shape[-2] // run.case.args[1])
+                             * (run.case.args[0].shape[-1] // run.case.args[1]), "patches"),
+          prop_doc="no Python loop over patches: the operation count does not grow with the number of patches",
+          breakers=(_breaker_patchify,),
           shortcuts=(_shortcut_patchify, _shortcut_unfold),
           hint="no loop is needed: reshape can split an axis in two and permute can reorder axes; decide which "
                "axes must sit next to each other for one patch to be contiguous")
@@ -174,7 +250,8 @@ def _patchify():
     """Cut images (B, C, H, W) into flattened p x p patches (B, N, C p^2)."""
     gen = torch.Generator().manual_seed(124)
     cases = []
-    for b, c, h, w, p in ((2, 1, 16, 16, 4), (1, 3, 8, 12, 4), (2, 2, 6, 6, 3), (1, 1, 5, 5, 5), (3, 2, 4, 6, 2)):
+    for b, c, h, w, p in ((2, 1, 16, 16, 4), (1, 3, 8, 12, 4), (2, 2, 6, 6, 3), (1, 1, 5, 5, 5), (3, 2, 4, 6, 2),
+                          (1, 2, 32, 48, 2)):
         x = torch.randn(b, c, h, w, generator=gen)
         cases.append(Case(f"images {tuple(x.shape)}, patch_size={p}", (x, p), expected=patchify(x, p),
                           compare="equal"))
@@ -195,10 +272,14 @@ def sigmoid_cross_attention_reference(x, context, w_q, w_k, w_v, n_heads):
     return out.transpose(1, 2).reshape(b, tq, d_model)
 
 
-@exercise("12-sigmoid-bug", "sigmoid_cross_attention_fixed", points=2, category="bug",
+@exercise("12-find-the-bug-1", "sigmoid_cross_attention_fixed", points=2, category="bug", aliases=("12-sigmoid-bug",),
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
+          allow=(), ops=("attention", "softmax"),
+          prop_doc="the fix is in a closed formula per head: equal outputs with Tq != Tk (a single query over a long "
+                   "context, more queries than keys) are the skill once the package's sigmoid attention is refused",
           bug_words=("query length", "number of queries", "queries instead of", "query count", "length of x",
-                     "x's length", "instead of the context", "instead of the keys", "from the queries"),
+                     "x's length", "instead of the context", "instead of the keys", "from the queries",
+                     "log t_q", "log of the query", "wrong length", "bias uses"),
           hint="the first test only tried queries and keys of the same length; try a context longer or shorter "
                "than x (a single query over a long context is the decode case) and compare each head with the "
                "lesson's formula, or look at what a row of weights adds up to when all scores are 0")
@@ -217,10 +298,14 @@ def _sigmoid_bug():
     return cases
 
 
-@exercise("12-lambda-bug", "lambda_init_schedule_fixed", points=1, category="bug",
+@exercise("12-find-the-bug-2", "lambda_init_schedule_fixed", points=1, category="bug", aliases=("12-lambda-bug",),
           forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
+          allow=(), ops=(),
+          prop_doc="a schedule of numbers is a closed formula per layer: equal values for 1 to 12 layers are the "
+                   "skill once the package's diff_lambda_init is refused",
           bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
-                     "starts at zero", "index shift"),
+                     "starts at zero", "index shift", "exponent zero", "shifted by one",
+                     "one layer too"),
           hint="test it where you can work the formula out by hand: a one-layer stack, whose only layer is the "
                "first; then check what the loop passes in place of l")
 def _lambda_bug():
@@ -242,6 +327,8 @@ def ablation_reference(seed: int) -> torch.Tensor:
 
 
 @exercise("12-ablation", "ablation_table", points=2, category="experiment",
+          allow=("attncourse.heads.planted_induction_model", "attncourse.heads.repeated_tokens",
+                 "attncourse.heads.token_losses", "attncourse.heads.AttnOnlyTransformer"),
           forbid=("attncourse.heads.ablation_effects", "attncourse.heads.ablate_heads", "attncourse.ablation_effects",
                   "attncourse.ablate_heads"),
           hint="build the model and the test batch exactly as the exercise says, from the seed; measure the loss "

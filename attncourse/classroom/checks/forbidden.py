@@ -137,9 +137,16 @@ def _package_dirs(top):
     return _DIRS[top]
 
 
+_INSIDE = {}
+
+
 def _in_package(filename, top):
-    where = os.path.realpath(filename)
-    return any(where.startswith(d + os.sep) for d in _package_dirs(top))
+    key = (filename, top)
+    inside = _INSIDE.get(key)
+    if inside is None:
+        where = os.path.realpath(filename)
+        inside = _INSIDE[key] = any(where.startswith(d + os.sep) for d in _package_dirs(top))
+    return inside
 
 
 def genuine(obj, top):
@@ -170,14 +177,25 @@ def spellings(dotted):
     return names
 
 
+_MODULES = {}
+
+
+def _package_modules(top):
+    """The loaded modules of package `top` (cached until more modules are loaded)."""
+    known = _MODULES.get(top)
+    if known is None or known[0] != len(sys.modules):
+        known = (len(sys.modules), [m for name, m in list(sys.modules.items())
+                                    if m is not None and (name == top or name.startswith(top + "."))])
+        _MODULES[top] = known
+    return known[1]
+
+
+_RESOLVED = {}
+
+
 def resolve(dotted, namespace=None):
     """The library's own callables that `dotted` forbids, every spelling and alias included."""
     top, last = dotted.split(".")[0], dotted.rsplit(".", 1)[-1]
-    candidates = [lookup(name) for name in spellings(dotted)]
-    if top != "torch":  # re-exports: the same name in any loaded module of the package
-        for name, module in list(sys.modules.items()):
-            if module is not None and (name == top or name.startswith(top + ".")):
-                candidates.append(getattr(module, last, None))
     found, seen = [], set()
 
     def keep(obj):
@@ -185,7 +203,14 @@ def resolve(dotted, namespace=None):
             seen.add(id(obj))
             found.append(obj)
 
-    for obj in candidates:
+    key = (dotted, len(sys.modules))
+    if key not in _RESOLVED:  # what the names point to now (cached while no module is loaded)
+        candidates = [lookup(name) for name in spellings(dotted)]
+        if top != "torch":  # re-exports: the same name in any loaded module of the package
+            for module in _package_modules(top):
+                candidates.append(getattr(module, last, None))
+        _RESOLVED[key] = candidates
+    for obj in _RESOLVED[key]:
         keep(obj)
     homes = {name.rsplit(".", 1)[0] for name in spellings(dotted)} | {getattr(f, "__module__", None) for f in found}
     if namespace is None:
@@ -253,6 +278,50 @@ def _system_dirs():
     return _SYSTEM
 
 
+_PLACES = {}
+# PyTorch's Python entry points to operators (``torch.ops.aten.X``, ``F.X``): entered from the answer with the watch
+# off, they are the answer's doing. (Elsewhere PyTorch calls its own Python back from C++ with the modes popped
+# while it handles an operator; that is not the answer's doing, and a builtin the answer calls is checked anyway.)
+_ENTRY = re.compile(r"torch[/\\](_ops|functional|nn[/\\]functional|_tensor)\.py$")
+# The guard's own code that runs inside an answer: the stream's iterator and the two modes' handlers (entered
+# from the answer's frame); anything else of the guard handed in or called by the answer is check code.
+_GUARD_RUNS = ("__iter__", "_gen", "__repr__", "<module>", "__exit__", "__enter__", "__torch_function__",
+               "__torch_dispatch__")
+_FOREIGN = tuple(sorted({p for names in PACKAGES.values() for p in names if p != "torch"}))
+
+
+def _place(code):
+    """Where a code object lives: "self" (this guard), "library" (the course package), "launch" (Triton's kernel
+    launcher), "package:NAME" (a library that would do a whole job), "torch", "learner" or "other" (the
+    standard library, other installed packages, generated code). Cached: the answer's guard asks often."""
+    place = _PLACES.get(code)
+    if place is None:
+        filename = code.co_filename
+        if filename == "<attncourse call guard>" or os.path.realpath(filename) == _HERE:
+            place = "self"
+        elif _in_package(filename, LIBRARY):
+            place = "library"
+        elif "triton" + os.sep in filename and code.co_name == "run" and \
+                os.path.basename(filename) in ("jit.py", "interpreter.py"):
+            place = "launch"
+        else:
+            foreign = next((p for p in _FOREIGN if _in_package(filename, p)), None)
+            if foreign is not None:
+                place = "package:" + foreign
+            elif _in_package(filename, "torch"):
+                place = "torch"
+            elif filename.startswith(("<ipython-input", "<cell")):
+                place = "learner"
+            elif filename.startswith("<"):
+                place = "other"
+            elif any(os.path.realpath(filename).startswith(d + os.sep) for d in _system_dirs()):
+                place = "other"
+            else:
+                place = "learner"
+        _PLACES[code] = place
+    return place
+
+
 class Chunks:
     """A one-shot stream of chunks of a tensor along `dim`: iterate it once; each chunk handed out is a fresh
     tensor, overwritten with NaN as soon as the next one is asked for (so an answer cannot keep reading it)."""
@@ -287,13 +356,19 @@ class Chunks:
         return f"<a one-shot stream of chunks of {self._size} along dim {self._dim}>"
 
 
+class Refused(BaseException):
+    """Raised into the answer at its first refused call when the guard stops there (:func:`run`): a
+    BaseException, so an answer's ``except Exception`` does not swallow it (and the verdict is recorded first)."""
+
+
 class Guard:
     """Context manager recording, in ``used``, what the code run inside it reached that its policy forbids, and
     (with ``trace``) what it ran, in ``trace``."""
 
-    def __init__(self, pol, namespace=None):
+    def __init__(self, pol, namespace=None, stop=False):
         pol = dict(pol)
         self.pol = pol
+        self.stop = stop
         self.codes, self.builtins, self.methods, self.used = {}, {}, {}, []
         for dotted in pol.get("forbid", ()):
             for obj in resolve(dotted, namespace):
@@ -326,32 +401,20 @@ class Guard:
         return kind
 
     def _classify(self, code):
-        filename = code.co_filename
-        if filename == "<attncourse call guard>" or os.path.realpath(filename) == _HERE:
-            return "self"
-        if self.library and _in_package(filename, self.library):
+        place = _place(code)
+        if place == "library":
             if code.co_name == "<module>":
                 return "self"
+            if not self.library:
+                return "other"
             return "allowed" if code in self.allowed else "library"
-        if filename == "<attncourse call guard>":
-            return "self"
-        if "triton" + os.sep in filename and code.co_name == "run" and \
-                os.path.basename(filename) in ("jit.py", "interpreter.py"):
-            return "launch"
-        if any(_in_package(filename, p) for p in self.packages if p != "torch"):
-            return "package"
-        if _in_package(filename, "torch"):
+        if place.startswith("package:"):
+            return "package" if place[8:] in self.packages else "other"
+        if place == "torch":
             if "torch" in self.packages or (self.families and family_of(code.co_name, self.families)):
                 return "torchjob"
             return "torch"
-        if filename.startswith(("<ipython-input", "<cell")):
-            return "learner"
-        if filename.startswith("<"):
-            return "other"
-        where = os.path.realpath(filename)
-        if any(where.startswith(d + os.sep) for d in _system_dirs()):
-            return "other"
-        return "learner"
+        return place
 
     def _add(self, obj, dotted):
         if isinstance(obj, type):
@@ -378,6 +441,8 @@ class Guard:
         text = dotted + (f", {WORDS.get(family, family)}," if family else "") + (f" ({where})" if where else "")
         if not any(u.split(" (")[0].split(",")[0] == dotted for u in self.used):
             self.used.append(text)
+        if self.stop and self.installed:  # the verdict is recorded: stop the answer here
+            raise Refused(text)
 
     def _where(self, frame):
         """The learner's line that led to `frame` (for the message), or None."""
@@ -451,15 +516,18 @@ class Guard:
     def _profile(self, frame, event, arg):
         if event == "call":
             if frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" and \
-                    self._kind(frame.f_code) != "self" and not frame.f_code.co_filename.endswith(
-                        ("_python_dispatch.py", "overrides.py")):  # torch runs a mode's handler popped
+                    _ENTRY.search(frame.f_code.co_filename):
                 self._check_intact(frame.f_back)
             code = frame.f_code
             dotted = self.codes.get(code)
             if dotted is not None:
                 self._hit(dotted, self._where(frame.f_back))
             kind = self._kind(code)
-            if kind == "allowed":
+            if kind == "self" and code.co_name not in _GUARD_RUNS and \
+                    (frame.f_back is self.root or (frame.f_back is not None and
+                                                   self._kind(frame.f_back.f_code) == "learner")):
+                self._hit(f"the guard's own {code.co_name}", self._where(frame.f_back))  # check code, handed in
+            elif kind == "allowed":
                 self._allowed_frames.add(id(frame))
             elif kind == "library":
                 if not self._inside_allowed(frame.f_back):
@@ -633,7 +701,7 @@ def run(answer, args, kwargs, pol, namespace=None):
     exception it raised, or None), ``used`` (what it reached that is forbidden, with where) and ``trace``."""
     pol = dict(pol or {})
     args, kwargs = list(args), dict(kwargs or {})
-    guard = Guard(pol, namespace)
+    guard = Guard(pol, namespace, stop=True)
     stream = pol.get("stream")
     chunks = None
     if stream:
@@ -648,6 +716,8 @@ def run(answer, args, kwargs, pol, namespace=None):
     with guard:
         try:
             result = answer(*args, **kwargs)
+        except Refused:
+            pass
         except Exception as err:  # a forbidden call decides the verdict, whatever the answer did next
             error = err
     trace = guard.trace if guard.tracing else None

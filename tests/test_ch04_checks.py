@@ -1,0 +1,187 @@
+"""Chapter 04's checks can fail: the routes a learner could take to the points without the skill (fused kernels
+under their ATen names, the course's module with copied weights, the checks' own references, a prediction read off
+the feedback) are refused by the check cell and by the grader, and right answers pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attncourse import MultiHeadAttention, TransformerBlock
+from attncourse.classroom import checks
+from attncourse.classroom.checks import ch04
+from test_exercise_standard import grader_reply, judge
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, called=True) -> str:
+    """The check cell and the grader both refuse `answer` (as a forbidden call when `called`)."""
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check(exercise_id, answer)
+    msg = str(info.value)
+    assert ("called" in msg) == called, msg
+    ex = checks.get(exercise_id)
+    cases = ex.make_cases()
+    status, message = judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))
+    assert status == "failed", (status, message)
+    assert ("called" in message) == called, message
+    return msg
+
+
+def graded(exercise_id, answer, tmp_path, monkeypatch) -> str:
+    ex = checks.get(exercise_id)
+    cases = ex.make_cases()
+    return judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))[0]
+
+
+# ----------------------------------------------------------------------------- 1. per-head weights
+
+
+def mha_per_head(x, context, w_q, w_k, w_v, w_o):
+    q = torch.einsum("btm,hmj->bhtj", x, w_q)
+    k, v = (torch.einsum("bsm,hmj->bhsj", context, w) for w in (w_k, w_v))
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return torch.einsum("bhtj,hjm->btm", w @ v, w_o)
+
+
+def _qkv(x, context, w_q, w_k, w_v):
+    return (torch.einsum("btm,hmj->bhtj", x, w_q), *(torch.einsum("bsm,hmj->bhsj", context, w) for w in (w_k, w_v)))
+
+
+def per_head_aten_flash(x, context, w_q, w_k, w_v, w_o):
+    heads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*_qkv(x, context, w_q, w_k, w_v))[0]
+    return torch.einsum("bhtj,hjm->btm", heads, w_o)
+
+
+def per_head_aten_math(x, context, w_q, w_k, w_v, w_o):
+    heads = torch.ops.aten._scaled_dot_product_attention_math(*_qkv(x, context, w_q, w_k, w_v))[0]
+    return torch.einsum("bhtj,hjm->btm", heads, w_o)
+
+
+def per_head_aten_public(x, context, w_q, w_k, w_v, w_o):
+    heads = torch.ops.aten.scaled_dot_product_attention(*_qkv(x, context, w_q, w_k, w_v))
+    return torch.einsum("bhtj,hjm->btm", heads, w_o)
+
+
+def per_head_course_module(x, context, w_q, w_k, w_v, w_o):
+    return ch04.reference_mha(x, context, *ch04.per_head_to_linear(w_q, w_k, w_v, w_o), w_q.shape[0])
+
+
+def per_head_course_class(x, context, w_q, w_k, w_v, w_o):
+    h, d, dh = w_q.shape
+    m = MultiHeadAttention(d, h, bias=False).to(x.dtype)
+    with torch.no_grad():
+        for proj, w in zip((m.q_proj, m.k_proj, m.v_proj),
+                           (w_q, w_k, w_v)):
+            proj.weight.copy_(w.transpose(1, 2).reshape(h * dh, d))
+        m.o_proj.weight.copy_(w_o.reshape(h * dh, d).T)
+        return m(x, context)
+
+
+def test_mha_per_head(tmp_path, monkeypatch):
+    checks.check("04-mha-per-head", mha_per_head)
+    assert graded("04-mha-per-head", mha_per_head, tmp_path, monkeypatch) == "passed"
+    for route in (per_head_aten_flash, per_head_aten_math, per_head_aten_public, per_head_course_module,
+                  per_head_course_class, ch04._per_head_by_module):
+        refused("04-mha-per-head", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 2. find the bug
+
+
+def mha_fixed(x, w_q, w_k, w_v, w_o, n_heads):
+    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
+
+
+def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
+    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1]), dim=-1)
+    return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
+
+
+def fixed_by_course_module(x, w_q, w_k, w_v, w_o, n_heads):
+    m = MultiHeadAttention(x.shape[-1], n_heads).to(x.dtype)
+    with torch.no_grad():
+        for proj, w in zip((m.q_proj, m.k_proj, m.v_proj, m.o_proj), (w_q, w_k, w_v, w_o)):
+            proj.weight.copy_(w)
+            proj.bias.zero_() if proj.bias is not None else None
+        return m(x)
+
+
+def fixed_by_aten_math(x, w_q, w_k, w_v, w_o, n_heads):
+    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0].transpose(1, 2).flatten(2) @ w_o.T
+
+
+def fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
+    m = nn.MultiheadAttention(x.shape[-1], n_heads, bias=False, batch_first=True).to(x.dtype)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v]))
+        m.out_proj.weight.copy_(w_o)
+        return m(x, x, x, need_weights=False)[0]
+
+
+def test_find_the_bug_1(tmp_path, monkeypatch):
+    checks.check("04-find-the-bug-1", mha_fixed)
+    checks.check("04-head-scale-bug", mha_fixed)  # the earlier id still grades
+    assert checks.get("04-head-scale-bug").id == "04-find-the-bug-1"
+    assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
+    refused("04-find-the-bug-1", mha_buggy, tmp_path, monkeypatch, called=False)
+    for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
+        refused("04-find-the-bug-1", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 3. predict
+
+
+RIGHT_ROWS = ((False, False, True, False, False), (False, False, False, True, True))
+
+
+def test_predict_permutation_tells_nothing_but_wrong():
+    checks.check("04-predict-causal-permutation", RIGHT_ROWS)
+    messages = set()
+    for flip in range(10):  # one part wrong, wherever it is: the same message (no count, no position)
+        guess = [list(r) for r in RIGHT_ROWS]
+        guess[flip // 5][flip % 5] = not guess[flip // 5][flip % 5]
+        with pytest.raises(checks.CheckFailed) as info:
+            checks.check("04-predict-causal-permutation", tuple(map(tuple, guess)))
+        messages.add(str(info.value))
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check("04-predict-causal-permutation", ((True,) * 5, (True,) * 5))
+    messages.add(str(info.value))
+    assert len(messages) == 1, messages
+    assert "part(s)" not in messages.pop()
+
+
+# ----------------------------------------------------------------------------- 4. experiment
+
+
+def parameter_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
+    with torch.device("meta"):
+        emb = nn.Embedding(vocab_size, d_model)
+        blocks = [TransformerBlock(d_model, n_heads, d_ff) for _ in range(n_layers)]
+    n = {"embedding": emb.weight.numel(),
+         "attention": sum(p.numel() for b in blocks for p in b.attn.parameters()),
+         "feed_forward": sum(p.numel() for b in blocks for p in b.ff.parameters()),
+         "layer_norm": sum(p.numel() for b in blocks for m in (b.norm1, b.norm2) for p in m.parameters())}
+    return {k: v / sum(n.values()) for k, v in n.items()}
+
+
+def shares_no_biases(d_model, n_heads, d_ff, vocab_size, n_layers):  # the lesson's 4d^2 and 2 d d_ff, no biases
+    n = {"embedding": vocab_size * d_model, "attention": 4 * d_model ** 2 * n_layers,
+         "feed_forward": 2 * d_model * d_ff * n_layers, "layer_norm": 4 * d_model * n_layers}
+    return {k: v / sum(n.values()) for k, v in n.items()}
+
+
+def test_parameter_shares(tmp_path, monkeypatch):
+    checks.check("04-parameter-shares", parameter_shares)
+    assert graded("04-parameter-shares", parameter_shares, tmp_path, monkeypatch) == "passed"
+    refused("04-parameter-shares", ch04.reference_shares, tmp_path, monkeypatch)
+    msg = refused("04-parameter-shares", shares_no_biases, tmp_path, monkeypatch, called=False)
+    expected = ch04.reference_shares(64, 4, 256, 1000, 2)
+    assert not any(f"{v:.6f}" in msg or f"{v:.4f}" in msg for v in expected.values()), msg

@@ -1,0 +1,197 @@
+"""Chapter 05's checks can fail: the course's module with copied weights, PyTorch's attention under its ATen names,
+the checks' own references and a rule read off the failures are refused by the check cell and by the grader, and
+right answers pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attncourse import MultiHeadAttention, mha_to_gqa
+from attncourse.classroom import checks
+from attncourse.classroom.checks import ch05
+from test_ch04_checks import graded, refused
+
+
+def _mask(t, s):
+    return torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+
+
+# ----------------------------------------------------------------------------- 1. grouped attention
+
+
+def gqa_decode_attention(q, k, v):
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    s = torch.einsum("bgrtd,bgsd->bgrts", q.reshape(B, Hkv, H // Hkv, T, D), k) / math.sqrt(D)
+    s = s.masked_fill(~_mask(T, S), float("-inf"))
+    return torch.einsum("bgrts,bgsd->bgrtd", torch.softmax(s, -1), v).reshape(B, H, T, D)
+
+
+def gqa_aten_public(q, k, v):
+    return torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=_mask(q.shape[-2], k.shape[-2]),
+                                                      enable_gqa=True)
+
+
+def gqa_aten_math(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype).masked_fill(~_mask(q.shape[-2], k.shape[-2]),
+                                                                             float("-inf"))
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                                             attn_mask=bias)[0]
+
+
+def gqa_course(q, k, v):
+    from attncourse.gqa import grouped_attention
+    return grouped_attention(q, k, v, _mask(q.shape[-2], k.shape[-2]))
+
+
+def test_grouped_attention(tmp_path, monkeypatch):
+    checks.check("05-grouped-attention", gqa_decode_attention)
+    assert graded("05-grouped-attention", gqa_decode_attention, tmp_path, monkeypatch) == "passed"
+    for route in (gqa_aten_public, gqa_aten_math, gqa_course, ch05._shortcut_grouped):
+        refused("05-grouped-attention", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 2. and 3. find the bug
+
+
+def mqa_fixed(x, w_q, w_k, w_v, w_o, n_heads):
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
+    k, v = ((x @ w.T).view(B, 1, T, -1) for w in (w_k, w_v))
+    out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+
+
+def mqa_buggy(x, w_q, w_k, w_v, w_o, n_heads):
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1)
+    k, v = ((x @ w.T).view(B, T, 1, -1) for w in (w_k, w_v))
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+    return (w @ v).reshape(B, T, d) @ w_o.T
+
+
+def with_course_module(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads=1):
+    m = MultiHeadAttention(x.shape[-1], n_heads, n_kv_heads, bias=False).to(x.dtype)
+    with torch.no_grad():
+        for proj, w in zip((m.q_proj, m.k_proj, m.v_proj, m.o_proj), (w_q, w_k, w_v, w_o)):
+            proj.weight.copy_(w)
+        return m(x)
+
+
+def mqa_aten(x, w_q, w_k, w_v, w_o, n_heads):
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
+    k, v = ((x @ w.T).view(B, 1, T, -1) for w in (w_k, w_v))
+    out = torch.ops.aten.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+
+
+def gqa_fixed(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    B, T, d = x.shape
+    D, G = d // n_heads, n_heads // n_kv_heads
+    q = (x @ w_q.T).view(B, T, n_kv_heads, G, D).permute(0, 2, 3, 1, 4)
+    k, v = ((x @ w.T).view(B, T, n_kv_heads, 1, D).permute(0, 2, 3, 1, 4) for w in (w_k, w_v))
+    out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), -1) @ v
+    return out.permute(0, 3, 1, 2, 4).reshape(B, T, d) @ w_o.T
+
+
+def gqa_aten(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    B, T, d = x.shape
+    q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
+    k, v = ((x @ w.T).view(B, T, n_kv_heads, -1).transpose(1, 2) for w in (w_k, w_v))
+    out = torch.ops.aten._scaled_dot_product_attention_math(q, k.repeat_interleave(n_heads // n_kv_heads, 1),
+                                                            v.repeat_interleave(n_heads // n_kv_heads, 1))[0]
+    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+
+
+def test_find_the_bug_1(tmp_path, monkeypatch):
+    checks.check("05-find-the-bug-1", mqa_fixed)
+    checks.check("05-mqa-axis-bug", mqa_fixed)  # the earlier id still grades
+    assert graded("05-mqa-axis-bug", mqa_fixed, tmp_path, monkeypatch) == "passed"
+    refused("05-find-the-bug-1", mqa_buggy, tmp_path, monkeypatch, called=False)
+    for route in (with_course_module, mqa_aten, ch05._mqa_by_module):
+        refused("05-find-the-bug-1", route, tmp_path, monkeypatch)
+
+
+def test_find_the_bug_2(tmp_path, monkeypatch):
+    checks.check("05-find-the-bug-2", gqa_fixed)
+    checks.check("05-fake-gqa", gqa_fixed)
+    assert graded("05-find-the-bug-2", gqa_fixed, tmp_path, monkeypatch) == "passed"
+    for route in (with_course_module, gqa_aten, ch05._gqa_by_module, ch05.reference_mha):
+        refused("05-find-the-bug-2", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 6. mean-pool
+
+
+def mean_pool_heads(weight, n_heads, n_kv_heads):
+    return weight.view(n_kv_heads, n_heads // n_kv_heads, -1, weight.shape[1]).mean(1).reshape(-1, weight.shape[1])
+
+
+def mean_pool_by_library(weight, n_heads, n_kv_heads):
+    m = MultiHeadAttention(weight.shape[1], n_heads).to(weight.dtype)
+    with torch.no_grad():
+        m.k_proj.weight.copy_(weight)
+    return mha_to_gqa(m, n_kv_heads, "mean").k_proj.weight.detach()
+
+
+def test_mean_pool(tmp_path, monkeypatch):
+    checks.check("05-mean-pool", mean_pool_heads)
+    refused("05-mean-pool", mean_pool_by_library, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 8. experiment
+
+
+def closer_conversion(seed, spread, others):
+    gen = torch.Generator().manual_seed(seed)
+    draw = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    w_q, w_o = draw(32, 32) / math.sqrt(32), draw(32, 32) / math.sqrt(32)
+    lead = (torch.arange(32) // 4) % 4 == 0
+    w_o = w_o * torch.where(lead, 1.0, others).double()
+    w_k, w_v = ((draw(4, 32) / math.sqrt(32)).repeat(8, 1) + spread * draw(32, 32) / math.sqrt(32) for _ in range(2))
+    x = draw(4, 16, 32)
+    layer = MultiHeadAttention(32, 8).double()
+    with torch.no_grad():
+        for lin, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj), (w_q, w_k, w_v, w_o)):
+            lin.weight.copy_(w)
+        ref = layer(x)
+        mean, first = ((mha_to_gqa(layer, 2, m)(x) - ref).norm() / ref.norm() for m in ("mean", "first"))
+    if mean < 1e-9 and first < 1e-9:
+        return "tie"
+    return "mean" if mean < first else "first"
+
+
+def rule_read_off_failures(seed, spread, others):  # the review's one-liner, with the new argument
+    return "tie" if spread == 0 else ("first" if others < 0.75 else "mean")
+
+
+def by_reference_errors(seed, spread, others):
+    mean, first = ch05.conversion_errors_reference(seed, spread, others).tolist()
+    return "tie" if max(mean, first) < 1e-9 else ("mean" if mean < first else "first")
+
+
+def test_conversion_experiment(tmp_path, monkeypatch):
+    checks.check("05-conversion-experiment", closer_conversion)
+    assert graded("05-conversion-experiment", closer_conversion, tmp_path, monkeypatch) == "passed"
+    for route in (ch05.closer_conversion_reference, by_reference_errors):
+        refused("05-conversion-experiment", route, tmp_path, monkeypatch)
+    for other in ("first", "mean"):
+        rule = lambda seed, spread, others, _o=other: "tie" if spread == 0 else (  # noqa: E731
+            "first" if others == 0 else ("mean" if others == 1 else _o))
+        msg = refused("05-conversion-experiment", rule, tmp_path, monkeypatch, called=False)
+        assert "expected" not in msg
+    refused("05-conversion-experiment", rule_read_off_failures, tmp_path, monkeypatch, called=False)
+
+
+def test_no_rule_of_the_arguments_but_the_seed_predicts_the_verdict():
+    cases = checks.get("05-conversion-experiment").make_cases()
+    verdicts = {}
+    for case in cases:
+        verdicts.setdefault(case.args[1:], set()).add(case.expected)
+    assert any(len(v) > 1 for v in verdicts.values()), verdicts

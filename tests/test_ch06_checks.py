@@ -1,0 +1,160 @@
+"""Chapter 06's checks can fail: the course's slope, bias, RoPE and permutation functions (under any route),
+complex arithmetic for a "real arithmetic" exercise, the checks' own references and a closed form in place of a
+measurement are refused by the check cell and by the grader, and right answers pass."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attncourse import alibi_bias, alibi_slopes
+from attncourse.classroom import checks
+from attncourse.classroom.checks import ch06
+from attncourse.positions import alibi_bias_at, apply_rope, grouped_alibi_bias, rope_permutation
+from test_ch04_checks import graded, refused
+
+
+# ----------------------------------------------------------------------------- 1. slopes (bug)
+
+
+def slopes_fixed(n_heads):
+    def power_of_two(n):
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    p = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * p)[0::2][: n_heads - p] if p < n_heads else []
+    return torch.tensor(power_of_two(p) + extra)
+
+
+def slopes_buggy(n_heads):
+    p = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor([2 ** (-8 * (h + 1) / p) for h in range(p)])
+
+
+def test_slopes_bug(tmp_path, monkeypatch):
+    checks.check("06-find-the-bug-1", slopes_fixed)
+    checks.check("06-slopes-bug", slopes_fixed)  # the earlier id still grades
+    assert graded("06-find-the-bug-1", slopes_fixed, tmp_path, monkeypatch) == "passed"
+    refused("06-find-the-bug-1", slopes_buggy, tmp_path, monkeypatch, called=False)
+    for route in (alibi_slopes, lambda h: -alibi_bias(h, 2)[:, 1, 0],
+                  lambda h: -grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]):
+        refused("06-find-the-bug-1", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 2. and 3. decode and grouped bias
+
+
+def decode_alibi_bias(n_heads, q_len, k_len):
+    rel = (torch.arange(k_len)[None, :] - torch.arange(k_len - q_len, k_len)[:, None]).float()
+    return (alibi_slopes(n_heads)[:, None, None] * rel).masked_fill(rel > 0, float("-inf"))
+
+
+def test_decode_bias(tmp_path, monkeypatch):
+    checks.check("06-decode-bias", decode_alibi_bias)  # the slopes are a helper the learner may use
+    assert graded("06-decode-bias", decode_alibi_bias, tmp_path, monkeypatch) == "passed"
+    by_bias = lambda h, tq, tk: alibi_bias(h, tk)[:, tk - tq:].masked_fill(  # noqa: E731
+        torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq).logical_not(), float("-inf"))
+    by_bias_at = lambda h, tq, tk: alibi_bias_at(alibi_slopes(h), torch.arange(tk - tq, tk), torch.arange(tk))\
+        .masked_fill(torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq).logical_not(), float("-inf"))  # noqa: E731
+    for route in (by_bias, by_bias_at, ch06._shortcut_decode_bias):
+        refused("06-decode-bias", route, tmp_path, monkeypatch)
+
+
+def add_grouped_alibi(scores, n_heads):
+    _, g, r, tq, tk = scores.shape
+    slopes = alibi_slopes(n_heads).to(scores.dtype).reshape(g, r, 1, 1)
+    rel = torch.arange(tk, dtype=scores.dtype)[None, :] - torch.arange(tk - tq, tk, dtype=scores.dtype)[:, None]
+    return scores + slopes * rel
+
+
+def test_grouped_alibi(tmp_path, monkeypatch):
+    checks.check("06-grouped-alibi", add_grouped_alibi)
+    by_bias = lambda s, h: s + alibi_bias(h, s.shape[-1])[:, -s.shape[-2]:].to(s.dtype).view(  # noqa: E731
+        s.shape[1], s.shape[2], s.shape[-2], s.shape[-1])
+    for route in (by_bias, lambda s, h: s + grouped_alibi_bias(h, s.shape[1], s.shape[-2], s.shape[-1]).to(s.dtype)):
+        refused("06-grouped-alibi", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 5. and 6. RoPE
+
+
+def rope_pairs(x, positions, base):
+    d = x.shape[-1]
+    angle = positions.double()[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    c, s = torch.cos(angle), torch.sin(angle)
+    even, odd = x[..., 0::2].double(), x[..., 1::2].double()
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).to(x.dtype)
+
+
+def rope_by_exp_1j(x, positions, base):  # complex numbers without view_as_complex, polar or complex
+    d = x.shape[-1]
+    rot = torch.exp(1j * positions.double()[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
+    z = (x[..., 0::2].double() + 1j * x[..., 1::2].double()) * rot
+    return torch.stack([z.real, z.imag], dim=-1).flatten(-2).to(x.dtype)
+
+
+def rope_by_halves(x, positions, base):  # the course's halves RoPE on permuted dims
+    d = x.shape[-1]
+    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+    return apply_rope(x[..., perm], positions, base=base)[..., perm.argsort()]
+
+
+def test_rope_pairs(tmp_path, monkeypatch):
+    checks.check("06-rope-pairs", rope_pairs)
+    assert graded("06-rope-pairs", rope_pairs, tmp_path, monkeypatch) == "passed"
+    for route in (rope_by_exp_1j, rope_by_halves, ch06._shortcut_rope_complex, ch06._shortcut_rope_pairs):
+        refused("06-rope-pairs", route, tmp_path, monkeypatch)
+
+
+def pairs_to_halves_weight(w, n_heads):
+    d = w.shape[0] // n_heads
+    return w.view(n_heads, d // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def test_rope_convert(tmp_path, monkeypatch):
+    checks.check("06-rope-convert", pairs_to_halves_weight)
+    by_library = lambda w, h: w.view(h, -1, w.shape[1])[:, rope_permutation(w.shape[0] // h)].reshape(w.shape)  # noqa
+    refused("06-rope-convert", by_library, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 7. encoder ALiBi (bug)
+
+
+def encoder_alibi_bias(n_heads, seq_len):
+    pos = torch.arange(seq_len)
+    return -alibi_slopes(n_heads)[:, None, None] * (pos[None, :] - pos[:, None]).abs().float()
+
+
+def test_encoder_alibi(tmp_path, monkeypatch):
+    checks.check("06-find-the-bug-2", encoder_alibi_bias)
+    checks.check("06-encoder-alibi", encoder_alibi_bias)  # the earlier id still grades
+    assert graded("06-find-the-bug-2", encoder_alibi_bias, tmp_path, monkeypatch) == "passed"
+    refused("06-find-the-bug-2", lambda h, t: alibi_bias(h, t), tmp_path, monkeypatch)  # the buggy one calls it too
+    for route in (lambda h, t: -alibi_bias(h, t).abs(),
+                  lambda h, t: -alibi_bias_at(alibi_slopes(h), torch.arange(t), torch.arange(t)).abs(),
+                  ch06._encoder_bias_reference):
+        refused("06-find-the-bug-2", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 8. experiment
+
+
+def rope_similarity(seed, base):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(512, 64, generator=gen, dtype=torch.float64)
+    out = [((apply_rope(q[:, None], torch.tensor([m]), base=base)[:, 0] * q).sum(-1) / (q * q).sum(-1)).mean()
+           for m in ch06.ROPE_DISTANCES]
+    return torch.stack(out)
+
+
+def rope_closed_form(seed, base):  # the expectation over Gaussian vectors, no measurement
+    theta = base ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    return torch.stack([torch.cos(m * theta).mean() for m in ch06.ROPE_DISTANCES])
+
+
+def test_rope_decay(tmp_path, monkeypatch):
+    checks.check("06-rope-decay", rope_similarity)
+    assert graded("06-rope-decay", rope_similarity, tmp_path, monkeypatch) == "passed"
+    refused("06-rope-decay", ch06.rope_similarity_reference, tmp_path, monkeypatch)
+    refused("06-rope-decay", rope_closed_form, tmp_path, monkeypatch, called=False)

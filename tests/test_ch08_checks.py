@@ -1,0 +1,250 @@
+"""Chapter 08's checks refuse what a learner could hand in without the skill (issue 23): the review's routes and
+others of the same kinds, by the check cell and by the grader; the right answers pass."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import nbformat
+import pytest
+import torch
+
+from attncourse import online_softmax_trace, softmax_state
+from attncourse.classroom import checks
+from attncourse.classroom.grading.remote import judge
+from attncourse.classroom.nbtools import ROOT
+from test_exercise_standard import as_learner, grader_reply
+
+NOT_THE_WAY = "not the way this exercise asks"
+
+
+def failure(exercise_id, answer):
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check(exercise_id, answer)
+    return str(info.value)
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch):
+    ex = checks.get(exercise_id)
+    learner = as_learner(answer)
+    msg = failure(exercise_id, learner)
+    cases = ex.make_cases()
+    status, graded = judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))
+    assert status in ("failed", "error"), (status, graded)
+    return msg, graded
+
+
+def accepted(exercise_id, answer, tmp_path, monkeypatch):
+    ex = checks.get(exercise_id)
+    learner = as_learner(answer)
+    checks.check(exercise_id, learner)
+    cases = ex.make_cases()
+    assert judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))[0] == "passed"
+
+
+@pytest.mark.parametrize("ex", [e for e in checks.exercises_for("08") if e.shortcuts or e.breakers], ids=lambda e: e.id)
+def test_shortcuts_and_breakers_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
+    for shortcut in ex.shortcuts:
+        msg, graded = refused(ex.id, shortcut, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (shortcut.__name__, msg)
+    for breaker in ex.breakers:
+        msg, graded = refused(ex.id, breaker, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (breaker.__name__, msg)
+
+
+# ----------------------------------------------------------------------------- 1. merge many
+
+
+def merge_many(m_all, l_all):
+    m = m_all.amax(dim=0)
+    shift = m.masked_fill(torch.isneginf(m), 0.0)
+    return m, (torch.exp(m_all - shift) * l_all).sum(dim=0)
+
+
+def test_merge_many(tmp_path, monkeypatch):
+    accepted("08-merge-many", merge_many, tmp_path, monkeypatch)
+
+    def special_logsumexp(m_all, l_all):  # another spelling of the forbidden reduction
+        m = m_all.amax(0)
+        ref = m.masked_fill(torch.isneginf(m), 0.0)
+        return m, torch.exp(torch.special.logsumexp(m_all - ref + torch.log(l_all), dim=0))
+
+    def aten_logsumexp(m_all, l_all):
+        m = m_all.amax(0)
+        ref = m.masked_fill(torch.isneginf(m), 0.0)
+        return m, torch.exp(torch.ops.aten.logsumexp(m_all - ref + torch.log(l_all), [0]))
+
+    def package_state(m_all, l_all):  # the package's softmax_state on log-weights
+        return tuple(softmax_state((m_all + torch.log(l_all)).movedim(0, -1)))
+
+    for route in (special_logsumexp, aten_logsumexp, package_state):
+        assert "called" in refused("08-merge-many", route, tmp_path, monkeypatch)[0]
+
+
+# ----------------------------------------------------------------------------- 2. one-pass log-softmax
+
+
+def log_softmax_one_pass(chunks, chunk_size):
+    out = run_max = run_sum = None
+    for part in chunks:
+        if out is None:
+            out = part.new_empty(*part.shape[:-1], 0)
+            run_max = part.new_full(part.shape[:-1], -math.inf)
+            run_sum = part.new_zeros(part.shape[:-1])
+        new_max = torch.maximum(run_max, part.amax(dim=-1))
+        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
+        old = run_max.masked_fill(torch.isneginf(run_max), 0.0)
+        out = torch.cat([out - (shift - old)[..., None], part - shift[..., None]], dim=-1)
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        run_max = new_max
+    log_sum = torch.log(run_sum)
+    return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, -math.inf), out - log_sum[..., None])
+
+
+def three_pass_ignoring_chunks(x, chunk_size):  # the review's route, on the old signature: x is now a stream
+    m = x.amax(-1, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    return x - ref - torch.log(torch.exp(x - ref).sum(-1, keepdim=True))
+
+
+def keeps_references(chunks, chunk_size):  # keeps the chunks without copying: they are NaN by the end
+    kept = list(chunks)
+    return three_pass_ignoring_chunks(torch.cat(kept, dim=-1), chunk_size)
+
+
+def buffer_then_three_pass(chunks, chunk_size):
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    m = x.amax(-1, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref).sum(-1, keepdim=True)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, -math.inf), x - lse)
+
+
+def buffer_then_sum_by_matmul(chunks, chunk_size):  # the row sums as a product with ones
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    m = x.amax(-1, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref) @ torch.ones(x.shape[-1], 1, dtype=x.dtype)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, -math.inf), x - lse)
+
+
+def buffer_then_loop(chunks, chunk_size):  # keeps every chunk, then two passes over them, a chunk at a time
+    kept = [c.clone() for c in chunks]
+    m = kept[0].amax(-1)
+    for c in kept[1:]:
+        m = torch.maximum(m, c.amax(-1))
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    total = sum(torch.exp(c - ref[..., None]).sum(-1) for c in kept)
+    lse = (torch.log(total) + ref)[..., None]
+    return torch.cat([torch.where(torch.isneginf(lse), torch.full_like(c, -math.inf), c - lse) for c in kept], -1)
+
+
+def online_max_then_buffered_sum(chunks, chunk_size):  # the max online, but the sum in a second pass over a copy
+    m, kept = None, []
+    for c in chunks:
+        kept.append(c.clone())
+        m = c.amax(-1) if m is None else torch.maximum(m, c.amax(-1))
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    x = torch.cat(kept, -1)
+    lse = (torch.log(torch.exp(x - ref[..., None]).sum(-1)) + ref)[..., None]
+    return torch.where(torch.isneginf(lse), torch.full_like(x, -math.inf), x - lse)
+
+
+def test_one_pass_log_softmax_right_answer_and_the_stream(tmp_path, monkeypatch):
+    accepted("08-one-pass-log-softmax", log_softmax_one_pass, tmp_path, monkeypatch)
+    x = torch.randn(2, 11, dtype=torch.float64)
+    torch.testing.assert_close(log_softmax_one_pass(iter(x.split(3, -1)), 3), torch.log_softmax(x, -1))
+
+
+@pytest.mark.parametrize("route", [buffer_then_three_pass, buffer_then_sum_by_matmul, buffer_then_loop,
+                                   online_max_then_buffered_sum])
+def test_one_pass_log_softmax_buffering_refused(route, tmp_path, monkeypatch):
+    x = torch.randn(3, 10, dtype=torch.float64)
+    torch.testing.assert_close(route(iter([c.clone() for c in x.split(4, -1)]), 4), torch.log_softmax(x, -1))
+    msg, graded = refused("08-one-pass-log-softmax", route, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
+
+
+@pytest.mark.parametrize("route", [three_pass_ignoring_chunks, keeps_references])
+def test_one_pass_log_softmax_whole_input_routes_fail(route, tmp_path, monkeypatch):
+    refused("08-one-pass-log-softmax", route, tmp_path, monkeypatch)  # a stream has no .amax; kept chunks are NaN
+
+
+def test_one_pass_log_softmax_forbidden_spellings(tmp_path, monkeypatch):
+    def via(fn):
+        def answer(chunks, chunk_size):
+            return fn(torch.cat([c.clone() for c in chunks], dim=-1))
+        return answer
+
+    for fn in (lambda x: torch.nn.LogSoftmax(dim=-1)(x), lambda x: torch.ops.aten._log_softmax(x, -1, False),
+               lambda x: torch.distributions.Categorical(logits=x).logits, lambda x: x - x.logsumexp(-1, keepdim=True),
+               lambda x: torch.special.log_softmax(x, -1)):
+        assert "called" in refused("08-one-pass-log-softmax", via(fn), tmp_path, monkeypatch)[0]
+
+
+# ----------------------------------------------------------------------------- 3. find the bug
+
+
+def merge_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    m = torch.maximum(m_a, m_b)
+    shift = m.masked_fill(torch.isneginf(m), 0.0)
+    w_a, w_b = torch.exp(m_a - shift), torch.exp(m_b - shift)
+    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def test_merge_bug_renamed_and_refuses_the_package(tmp_path, monkeypatch):
+    accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
+    checks.check("08-merge-bug", merge_fixed)  # the earlier id still checks
+    from attncourse.online_softmax import AttentionState, merge_attention_states
+
+    def package(m_a, l_a, acc_a, m_b, l_b, acc_b):
+        return tuple(merge_attention_states(AttentionState(m_a, l_a, acc_a), AttentionState(m_b, l_b, acc_b)))
+
+    def lse_merge(m_a, l_a, acc_a, m_b, l_b, acc_b):  # via logaddexp of the two lse
+        m = torch.maximum(m_a, m_b)
+        shift = m.masked_fill(torch.isneginf(m), 0.0)
+        l = torch.exp(torch.logaddexp(m_a - shift + torch.log(l_a), m_b - shift + torch.log(l_b)))
+        w_a, w_b = torch.exp(m_a - shift), torch.exp(m_b - shift)
+        return m, l, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+    for route in (package, lse_merge):
+        assert "called" in refused("08-find-the-bug-1", route, tmp_path, monkeypatch)[0]
+
+
+def test_bug_words_stay_out_of_the_exercise_notebook():
+    nb = nbformat.read(ROOT / "exercises" / "08_online_softmax.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells)
+    ex = checks.get("08-find-the-bug-1")
+    assert "08-merge-bug" in ex.aliases and "What was wrong" not in text
+    for word in ex.bug_words:
+        assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", text, flags=re.IGNORECASE), word
+
+
+# ----------------------------------------------------------------------------- 4. predict
+
+
+def test_prediction_verify_cell_waits_for_a_pass():
+    nb = nbformat.read(ROOT / "exercises" / "08_online_softmax.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "online_softmax_trace" in text
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "online_softmax_trace" in cell.source:
+            assert cell.source.startswith('if passed("08-predict-rescale")')
+    expected = checks.get("08-predict-rescale").make_cases()[0].expected
+    wrong = (expected[0], [0.0, 1.0, 0.1, 1.0, 1.0], expected[2])
+    msg = failure("08-predict-rescale", wrong)
+    assert "rescale" in msg and "0.1353" not in msg and "0.135" not in msg
+
+
+# ----------------------------------------------------------------------------- 5. experiment
+
+
+def test_rescale_cost_reference_and_typed_numbers_refused(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch08 import rescale_cost
+
+    assert "called" in failure("08-rescale-cost", rescale_cost)
+    assert "called" in failure("08-rescale-cost", lambda s, n, c, d=0.0: online_softmax_trace(torch.zeros(3), 1) and (0, 0))
+    expected = checks.get("08-rescale-cost").make_cases()[0].expected
+    failure("08-rescale-cost", lambda *a: expected)
+    failure("08-rescale-cost", lambda s, n, c, d=0.0: (round(math.log(n / c)), n))  # the expected-value formula

@@ -1,0 +1,136 @@
+"""Chapter 12's checks refuse the routes of issue 23 (review ch10-12, section 4, and routes of the same kinds).
+
+Each route is learner code (this file), tried through the check cell and the grader; a right answer passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attncourse.classroom import checks
+from test_exercise_standard import Grader, as_learner
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, *, because):
+    """`answer` is refused by the check cell and by the grader, with `because` in both messages."""
+    ex = checks.get(exercise_id)
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check(exercise_id, answer)
+    status, message = Grader(tmp_path, monkeypatch)(ex, answer, ex.make_cases())
+    assert status == "failed", message
+    assert because in str(info.value) and because in message, (str(info.value), message)
+
+
+def test_diff_attention_one_value_product(tmp_path, monkeypatch):
+    def right(q, k, v, lam, is_causal=False):
+        d = q.shape[-1] // 2
+        maps = []
+        for half in (slice(0, d), slice(d, 2 * d)):
+            s = q[..., half] @ k[..., half].transpose(-2, -1) / math.sqrt(d)
+            if is_causal:
+                s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+            maps.append(s.softmax(-1))
+        return (maps[0] - lam * maps[1]) @ v
+
+    checks.check("12-diff-attention", right)
+    for breaker in checks.get("12-diff-attention").breakers:
+        refused("12-diff-attention", as_learner(breaker), tmp_path, monkeypatch, because="multiply by v once")
+
+    def fused(q, k, v, lam, is_causal=False):  # PyTorch's kernel through torch.ops
+        d = q.shape[-1] // 2
+        a = torch.ops.aten.scaled_dot_product_attention(q[..., :d], k[..., :d], v, is_causal=is_causal)
+        return a - lam * torch.ops.aten.scaled_dot_product_attention(q[..., d:], k[..., d:], v, is_causal=is_causal)
+
+    refused("12-diff-attention", fused, tmp_path, monkeypatch, because="called")
+
+
+def test_induction_score_and_patchify_refuse_loops(tmp_path, monkeypatch):
+    checks.check("12-induction-score",
+                 lambda w, L: w[..., torch.arange(L, 2 * L), torch.arange(1, L + 1)].mean(-1))
+    refused("12-induction-score", as_learner(checks.get("12-induction-score").breakers[0]), tmp_path, monkeypatch,
+            because="loops over them")
+
+    def package(w, L):
+        from attncourse.heads import induction_scores
+        return induction_scores(w, L)
+
+    refused("12-induction-score", package, tmp_path, monkeypatch, because="called attncourse")
+
+    def right_patchify(images, p):
+        b, c, h, w = images.shape
+        return images.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * p * p)
+
+    checks.check("12-patchify", right_patchify)
+    refused("12-patchify", as_learner(checks.get("12-patchify").breakers[0]), tmp_path, monkeypatch,
+            because="loops over them")
+
+    def im2col(images, p):  # F.unfold's operator under another spelling
+        return torch.ops.aten.im2col(images, [p, p], [1, 1], [0, 0], [p, p]).transpose(1, 2)
+
+    refused("12-patchify", im2col, tmp_path, monkeypatch, because="im2col")
+
+
+def test_bugs_keep_their_old_ids_and_refuse_the_package(tmp_path, monkeypatch):
+    def fixed(x, context, w_q, w_k, w_v, n_heads):
+        b, tq, d_model = x.shape
+        tk, d = context.shape[1], d_model // n_heads
+        q = (x @ w_q).view(b, tq, n_heads, d).transpose(1, 2)
+        k, v = ((context @ w).view(b, tk, n_heads, d).transpose(1, 2) for w in (w_k, w_v))
+        return (torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(d) - math.log(tk)) @ v).transpose(1, 2).reshape(
+            b, tq, d_model)
+
+    checks.check("12-find-the-bug-1", fixed)
+    checks.check("12-sigmoid-bug", fixed)
+
+    def package(x, context, w_q, w_k, w_v, n_heads):
+        from attncourse.classroom.checks.ch12 import sigmoid_cross_attention_reference
+        return sigmoid_cross_attention_reference(x, context, w_q, w_k, w_v, n_heads)
+
+    refused("12-find-the-bug-1", package, tmp_path, monkeypatch, because="called attncourse")
+
+    def schedule(n):
+        return torch.tensor([0.8 - 0.6 * math.exp(-0.3 * i) for i in range(n)], dtype=torch.float64)
+
+    checks.check("12-find-the-bug-2", schedule)
+    checks.check("12-lambda-bug", schedule)
+
+    def library(n):
+        from attncourse.variants import diff_lambda_init
+        return torch.tensor([diff_lambda_init(i + 1) for i in range(n)], dtype=torch.float64)
+
+    refused("12-find-the-bug-2", library, tmp_path, monkeypatch, because="called attncourse")
+
+
+def test_ablation_routes(tmp_path, monkeypatch):
+    def helpers(seed):  # the review's X1: the package's ablation helper, wrapped in @torch.no_grad()
+        from attncourse.heads import ablation_effects, planted_induction_model, repeated_tokens
+        model = planted_induction_model(32, 8, generator=torch.Generator().manual_seed(seed))
+        tokens = repeated_tokens(64, 8, 32, generator=torch.Generator().manual_seed(1000 + seed))
+        return ablation_effects(model, tokens)
+
+    refused("12-ablation", helpers, tmp_path, monkeypatch, because="ablation_effects")
+
+    def reference(seed):  # the review's X4: the checker's own reference
+        from attncourse.classroom.checks.ch12 import ablation_reference
+        return ablation_reference(seed)
+
+    refused("12-ablation", reference, tmp_path, monkeypatch, because="called attncourse.classroom")
+
+    def known_answer(seed):  # "the answer is known in advance": the circuit heads matter, the others do not
+        return torch.tensor([[2.6, 0.0], [3.0, 0.0]])
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-ablation", known_answer)
+
+
+def test_prediction_verify_cell_is_gated():
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    nb = nbformat.read(ROOT / "exercises" / "12_attention_variants.ipynb", as_version=4)
+    verify = [c.source for c in nb.cells if c.cell_type == "code" and "diff_lambda_init(" in c.source]
+    assert verify and all('if passed("12-predict")' in src for src in verify)
