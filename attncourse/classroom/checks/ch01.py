@@ -127,7 +127,7 @@ def _shortcut_bug_module(query, keys, W_q, W_k, v):
 @exercise("01-find-the-bug", "additive_attention_fixed", points=2, category="bug",
           bug_words=("size-1", "size 1", "size one", "axis of size", "axis of length", "length-1", "length 1 axis",
                      "singleton", "wrong axis", "wrong dim", "keepdim", "trailing axis", "trailing dim",
-                     "last axis of size", "over a single", "softmax over the last", "drop the size"),
+                     "last axis of size", "softmax over the last", "drop the size"),
           allow=(), ops=("attention",), shortcuts=(_shortcut_bug_module,),
           prop_doc="output equality is the property: the weights of every sequence form one distribution over its "
                    "source positions and the context is their mix, whatever the sizes",
