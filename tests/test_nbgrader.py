@@ -1,4 +1,5 @@
-"""nbgrader itself accepts solutions/ unchanged: `generate_assignment` (nbgrader's own preprocessors:
+"""nbgrader itself accepts solutions/ (as `python -m attncourse.nbtools nbgrader-source` writes them, without the
+cells tagged solution-only): `generate_assignment` (nbgrader's own preprocessors:
 LockCells, ClearSolutions, ClearOutput, CheckCellMetadata, ComputeChecksums, SaveCells, ClearHiddenTests,
 ...) succeeds on every solutions notebook, its gradebook has unique grade ids whose points match our
 registry, and its student version equals our exercises/ cell by cell.
@@ -13,7 +14,6 @@ nbgrader adds its own (checksums, ``cell_type``, ``editable``/``deletable``).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import nbformat
@@ -43,9 +43,8 @@ def course(tmp_path_factory):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
     root = tmp_path_factory.mktemp("nbgrader-course")
-    for path in SOLUTIONS:
-        (root / "source" / f"ps{path.name[:2]}").mkdir(parents=True)
-        shutil.copy(path, root / "source" / f"ps{path.name[:2]}" / path.name)
+    written = nbtools.write_nbgrader_source(root)  # what the README tells instructors to run
+    assert sorted(p.name for p in written) == [p.name for p in SOLUTIONS]
     config = Config()
     config.CourseDirectory.root = str(root)
     config.CourseDirectory.course_id = "attncourse"

@@ -125,6 +125,49 @@ def test_exercise_notebook_raises_only_not_implemented(path, tmp_path):
     bad = [e for e in errors if e[1] not in ("NotImplementedError", "ExerciseNotDone")]
     assert not bad, f"errors other than the stubs' NotImplementedError: {bad}"
     assert errors, "the untouched exercises should raise NotImplementedError somewhere"
+    shown = "\n".join(_output_text(c) for c in nb.cells if c.cell_type == "code")
+    assert not _answers_shown(path.name[:2], shown), "Run All on the untouched notebook shows a prediction's answer"
+    named = [(ex.id, word) for ex in checks.exercises_for(path.name[:2]) if ex.category == "bug"
+             for word in ex.bug_words if re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", shown, re.IGNORECASE)]
+    assert not named, f"the untouched notebook's outputs name a bug: {named}"
+
+
+def _output_text(cell) -> str:
+    parts = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            parts.append(o.get("text", ""))
+        elif o.get("output_type") in ("execute_result", "display_data"):
+            parts.append(str(o.get("data", {}).get("text/plain", "")))
+        elif o.get("output_type") == "error":
+            parts.append(f"{o.get('ename')}: {o.get('evalue')}")
+    return "\n".join(parts)
+
+
+def _answers_shown(chapter: str, text: str) -> list[str]:
+    """The predictions of `chapter` whose expected value (whole, or a distinctive part) appears in `text`."""
+    import torch
+
+    found = []
+    for ex in checks.exercises_for(chapter):
+        if ex.category != "predict":
+            continue
+        for case in ex.make_cases():
+            expected = case.expected
+            leaves = [expected] if not isinstance(expected, (tuple, list, dict)) else \
+                list(expected.values()) if isinstance(expected, dict) else list(expected)
+            wholes = {repr(expected), repr(tuple(expected)) if isinstance(expected, list) else ""}
+            if any(w and len(w) >= 6 and w in text for w in wholes):
+                found.append(f"{ex.id}: the whole answer {expected!r}")
+                continue
+            for leaf in leaves:
+                if isinstance(leaf, torch.Tensor) or isinstance(leaf, bool) or leaf is None:
+                    continue
+                spelled = {repr(leaf)} if not isinstance(leaf, int) else {str(leaf), f"{leaf:,}"}
+                spelled = {s for s in spelled if len(s) >= 5}  # distinctive: not a small number seen anywhere
+                if any(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w])", text) for s in spelled):
+                    found.append(f"{ex.id}: part {leaf!r}")
+    return found
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=rel)

@@ -4,6 +4,7 @@
     python -m attncourse.nbtools execute [PATH...]  # re-run notebooks in place, in fresh kernels
     python -m attncourse.nbtools refresh            # execute notebooks/ and solutions/, then exercises
     python -m attncourse.nbtools normalize [PATH...]  # notebook metadata only (see `normalize`)
+    python -m attncourse.nbtools nbgrader-source COURSE  # COURSE/source/psNN/ for nbgrader (solution-only cells out)
 
 `solutions/` is the single source of the exercise notebooks. Solution code sits between
 ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markup) and becomes a stub that raises
@@ -118,6 +119,25 @@ def make_exercise(nb: nbformat.NotebookNode, where: str = "notebook") -> nbforma
     nb.metadata.setdefault("attncourse", {})["generated_from"] = "solutions/ (do not edit by hand)"
     normalize(nb)
     return nb
+
+
+def nbgrader_source(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of solution notebook `nb` for nbgrader's ``source/`` folder: the cells tagged ``solution-only``
+    left out (nbgrader would otherwise release a bug's explanation and a prediction's worked answer)."""
+    nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if SOLUTION_ONLY not in c.metadata.get("tags", [])]
+    return nb
+
+
+def write_nbgrader_source(course: Path, root: Path = ROOT) -> list[Path]:
+    """Write ``course/source/psNN/NN_topic.ipynb`` for every solutions notebook; return the paths written."""
+    written = []
+    for src in sorted((root / "solutions").glob("*.ipynb")):
+        dst = Path(course) / "source" / f"ps{src.name[:2]}" / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nbgrader_source(nbformat.read(src, as_version=4)), dst)
+        written.append(dst)
+    return written
 
 
 def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]:
@@ -270,7 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     norm = sub.add_parser("normalize", help="fix kernelspec and JupyterLab metadata (default: every notebook)")
     norm.add_argument("paths", nargs="*", type=Path)
     norm.add_argument("--check", action="store_true", help="only report; exit 1 if any would change")
+    nbg = sub.add_parser("nbgrader-source", help="write an nbgrader course's source/psNN/ from solutions/ "
+                                                   "(solution-only cells left out)")
+    nbg.add_argument("course", type=Path, help="the nbgrader course folder (its root)")
     args = parser.parse_args(argv)
+
+    if args.command == "nbgrader-source":
+        written = write_nbgrader_source(args.course)
+        print(f"{len(written)} notebook(s) written under {args.course / 'source'}")
+        return 0
 
     if args.command == "normalize":
         paths = args.paths or sorted(p for d in ("notebooks", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))

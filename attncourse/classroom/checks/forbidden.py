@@ -93,7 +93,18 @@ def normalise(name):
     return name[len("special_"):] if name.startswith("special_") else name
 
 
+_FAMILY_OF = {}
+
+
 def family_of(name, families):
+    """The first of `families` that operator or function `name` belongs to, or None (cached)."""
+    key = (name, families)
+    if key not in _FAMILY_OF:
+        _FAMILY_OF[key] = _family_of(name, tuple(families))
+    return _FAMILY_OF[key]
+
+
+def _family_of(name, families):
     base = normalise(name)
     for fam in families:
         pattern = FAMILIES.get(fam)
@@ -552,6 +563,16 @@ class Guard:
             if self._launch_frames:
                 self._launch_frames.discard(id(frame))
         elif event == "c_call":
+            if self._launch_frames:  # inside a Triton launch (the interpreter calls NumPy at every step):
+                try:  # only a forbidden builtin by identity; operators are seen by the dispatch mode
+                    dotted = self.builtins.get(arg)
+                except TypeError:
+                    dotted = None
+                if dotted is not None:
+                    self._hit(dotted, self._where(frame))
+                if self.previous is not None:
+                    self.previous(frame, event, arg)
+                return
             if self._kind(frame.f_code) == "learner":
                 self._check_intact(frame)
             try:
@@ -628,6 +649,8 @@ class Guard:
         import torch
         from torch.overrides import TorchFunctionMode
 
+        _warm_up()
+
         guard = self
         if self.builtins or self.families:
             class Watch(TorchFunctionMode):
@@ -670,6 +693,29 @@ class Guard:
         if getattr(hook, "__self__", None) is not self:
             self._hit("sys.setprofile")
         return False
+
+
+_WARM = []
+
+
+def _warm_up():
+    """Import what PyTorch imports lazily the first time a mode handles an operator (``torch._dynamo``, several
+    seconds), before the watch is on: under the profile hook the first check of a session would take 10x longer."""
+    if not _WARM:
+        _WARM.append(True)
+        try:
+            import torch._dynamo  # noqa: F401
+            import torch
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            class Nothing(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func(*args, **(kwargs or {}))
+
+            with Nothing():
+                torch.ones(2).add(1).isfinite()
+        except Exception:
+            pass
 
 
 def _spell(func):
