@@ -49,3 +49,131 @@ def test_query_influence_tells_the_variants_apart():
     spread = dict(zip(VARIANTS, expected))
     assert spread["linear"] < 1e-12 and spread["separate"] < 1e-12  # a constant per query: the softmax ignores it
     assert min(spread["tanh"], spread["relu"], spread["product"]) > 1e-3
+
+
+# ----------------------------------------------------------------------------- routes a learner could try (issue 23)
+
+from test_exercise_standard import grader_reply, judge  # noqa: E402
+
+
+def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
+    """(check cell's message or None, grader's status and message) for `answer` typed in a notebook cell."""
+    ex = checks.get(exercise_id)
+    answer = _as_cell(answer)
+    try:
+        checks.check(exercise_id, answer)
+        cell = None
+    except checks.CheckFailed as err:
+        cell = str(err)
+    cases = ex.make_cases()
+    return cell, judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))
+
+
+def _as_cell(fn):
+    """`fn` filed under a notebook cell's name (what the guard sees for code a learner typed)."""
+    import types
+
+    def refile(c):
+        return c.replace(co_filename="<cell learner>",
+                         co_consts=tuple(refile(k) if isinstance(k, types.CodeType) else k for k in c.co_consts))
+
+    return types.FunctionType(refile(fn.__code__), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, why="called"):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is not None and why in cell, cell
+    assert status in ("failed", "error") and why in message, (status, message)
+
+
+def accepted(exercise_id, answer, tmp_path, monkeypatch):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is None and status == "passed", (cell, status, message)
+
+
+def _scores(query, keys, W_q, W_k, v):
+    return torch.tanh((query @ W_q.T)[:, None] + keys @ W_k.T) @ v
+
+
+def test_additive_score_routes(tmp_path, monkeypatch):
+    from attncourse.rnn_attention import AdditiveAttention
+
+    def lesson_loop(query, keys, W_q, W_k, v):  # the lesson's loop over positions, for each sequence
+        return torch.stack([torch.stack([v @ torch.tanh(W_q @ query[b] + W_k @ keys[b, j])
+                                         for j in range(keys.shape[1])]) for b in range(keys.shape[0])])
+
+    def module_with_weights(query, keys, W_q, W_k, v):
+        m = AdditiveAttention(W_q.shape[1], W_k.shape[1], W_q.shape[0]).double()
+        with torch.no_grad():
+            m.query_proj.weight.copy_(W_q)
+            m.key_proj.weight.copy_(W_k)
+            m.v.weight.copy_(v[None])
+            return m.score(query, keys)
+
+    refused("01-additive-score", lesson_loop, tmp_path, monkeypatch, why="not the way")
+    refused("01-additive-score", module_with_weights, tmp_path, monkeypatch)
+    accepted("01-additive-score", _scores, tmp_path, monkeypatch)
+
+
+def test_find_the_bug_routes(tmp_path, monkeypatch):
+    from attncourse import AdditiveAttention
+
+    def module_with_weights(query, keys, W_q, W_k, v):  # the course's module, weights copied in: no bug found
+        m = AdditiveAttention(W_q.shape[1], W_k.shape[1], W_q.shape[0]).double()
+        with torch.no_grad():
+            m.query_proj.weight.copy_(W_q)
+            m.key_proj.weight.copy_(W_k)
+            m.v.weight.copy_(v[None])
+            return m(query, keys)
+
+    def aten_kernel(query, keys, W_q, W_k, v):
+        s = _scores(query, keys, W_q, W_k, v)
+        b, t = s.shape
+        ctx = torch.ops.aten.scaled_dot_product_attention(torch.zeros(b, 1, 1, dtype=s.dtype),
+                                                          torch.zeros(b, t, 1, dtype=s.dtype), keys,
+                                                          attn_mask=s[:, None])
+        return ctx.squeeze(1), torch.softmax(s, -1)
+
+    refused("01-find-the-bug", module_with_weights, tmp_path, monkeypatch)
+    refused("01-find-the-bug", aten_kernel, tmp_path, monkeypatch)
+    refused("01-find-the-bug", _buggy, tmp_path, monkeypatch, why="differ")
+    accepted("01-find-the-bug", _fixed, tmp_path, monkeypatch)
+
+
+def test_padding_mask_routes(tmp_path, monkeypatch):
+    def real(scores, lengths):
+        return torch.arange(scores.shape[1]) < lengths[:, None]
+
+    def aten_safe(scores, lengths):
+        return torch.ops.aten._safe_softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1)
+
+    def private_safe(scores, lengths):
+        return torch._safe_softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1)
+
+    def masked(scores, lengths):
+        return torch._masked_softmax(scores, ~real(scores, lengths), 1, 0).nan_to_num(0.0)
+
+    def course(scores, lengths):
+        from attncourse.sdpa import safe_softmax
+        return safe_softmax(scores.masked_fill(~real(scores, lengths), float("-inf")))
+
+    def sparse(scores, lengths):
+        keep = real(scores, lengths)
+        return torch.sparse.softmax(torch.sparse_coo_tensor(keep.nonzero().T, scores[keep], scores.shape), 1).to_dense()
+
+    def mine(scores, lengths):
+        w = torch.softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1)
+        return w.nan_to_num(0.0)
+
+    for route in (aten_safe, private_safe, masked, course, sparse):
+        refused("01-padding-mask", route, tmp_path, monkeypatch)
+    accepted("01-padding-mask", mine, tmp_path, monkeypatch)
+
+
+def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch01 import variant_influence_reference
+
+    def reference(*args):
+        return variant_influence_reference(*args)
+
+    refused("01-query-influence", reference, tmp_path, monkeypatch)

@@ -47,3 +47,88 @@ def test_init_width_needs_both_halves_of_the_matrix():
         checks.check("02-init-width", query_half_only)
     counts = checks.get("02-parameter-counts").make_cases()[0].expected
     assert counts["dot"] is None and counts["additive"] == counts["concat"] + 32 and counts["general"] == 64 * 48 + 64
+# ----------------------------------------------------------------------------- routes a learner could try (issue 23)
+
+from test_exercise_standard import grader_reply, judge  # noqa: E402
+
+
+def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
+    """(check cell's message or None, grader's status and message) for `answer` typed in a notebook cell."""
+    ex = checks.get(exercise_id)
+    answer = _as_cell(answer)
+    try:
+        checks.check(exercise_id, answer)
+        cell = None
+    except checks.CheckFailed as err:
+        cell = str(err)
+    cases = ex.make_cases()
+    return cell, judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))
+
+
+def _as_cell(fn):
+    """`fn` filed under a notebook cell's name (what the guard sees for code a learner typed)."""
+    import types
+
+    def refile(c):
+        return c.replace(co_filename="<cell learner>",
+                         co_consts=tuple(refile(k) if isinstance(k, types.CodeType) else k for k in c.co_consts))
+
+    return types.FunctionType(refile(fn.__code__), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, why="called"):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is not None and why in cell, cell
+    assert status in ("failed", "error") and why in message, (status, message)
+
+
+def accepted(exercise_id, answer, tmp_path, monkeypatch):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is None and status == "passed", (cell, status, message)
+
+
+def test_general_score_routes(tmp_path, monkeypatch):
+    def aten_bilinear(query, keys, W):
+        q = query[:, None].expand(keys.shape[0], keys.shape[1], -1).contiguous()
+        return torch.ops.aten.bilinear(q, keys, W[None], None).squeeze(-1)
+
+    def module(query, keys, W):
+        from attncourse import LuongAttention
+        m = LuongAttention(W.shape[0], W.shape[1], "general").double()
+        with torch.no_grad():
+            m.W.weight.copy_(W)
+            return m.score(query, keys)
+
+    refused("02-general-score", aten_bilinear, tmp_path, monkeypatch)
+    refused("02-general-score", module, tmp_path, monkeypatch)
+    accepted("02-general-score", lambda query, keys, W: torch.einsum("bd,de,bte->bt", query, W, keys), tmp_path,
+             monkeypatch)
+
+
+def test_find_the_bug_routes(tmp_path, monkeypatch):
+    from attncourse import LuongAttention
+
+    def luong_module(query, keys, values, lengths):  # the course's module with the right mask: no bug found
+        valid = torch.arange(keys.shape[1]) < lengths[:, None]
+        return LuongAttention(query.shape[1], keys.shape[2], "dot")(query, keys, values, mask=valid)[0]
+
+    def aten_kernel(query, keys, values, lengths):
+        valid = torch.arange(keys.shape[1]) < lengths[:, None]
+        return torch.ops.aten.scaled_dot_product_attention(query[:, None], keys, values, valid[:, None],
+                                                           scale=1.0).squeeze(1)
+
+    def course_attention(query, keys, values, lengths):
+        valid = torch.arange(keys.shape[1]) < lengths[:, None]
+        return scaled_dot_product_attention(query[:, None], keys, values, valid[:, None], scale=1.0).squeeze(1)
+
+    for route in (luong_module, aten_kernel, course_attention, _buggy):
+        refused("02-find-the-bug", route, tmp_path, monkeypatch, why="")
+    for route in (luong_module, aten_kernel, course_attention):
+        refused("02-find-the-bug", route, tmp_path, monkeypatch)
+    accepted("02-find-the-bug", _fixed, tmp_path, monkeypatch)
+
+
+def test_init_width_refuses_the_checks_reference(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch02 import init_width_ratio_reference
+
+    refused("02-init-width", lambda *args: init_width_ratio_reference(*args), tmp_path, monkeypatch)

@@ -10,7 +10,7 @@ import torch
 
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
 from attncourse.sdpa import safe_softmax
-from . import Case, exercise
+from . import Case, exercise, forbidden
 
 
 def _additive(gen: torch.Generator, b: int, t: int, dq: int, dk: int, a: int):
@@ -59,9 +59,47 @@ def _shortcut_concat(query, keys, W_q, W_k, v):
         return concat.score(query, keys)
 
 
+def arithmetic(trace) -> int:
+    """How many operators that compute (not only move data) the answer ran."""
+    return sum(n for op, n in trace["counts"].items() if not forbidden.DATA_OPS.match(forbidden.normalise(op)))
+
+
+def _no_loop(runs) -> str | None:
+    """The operator count may not grow with the number of sequences or of source positions."""
+    counted = sorted((arithmetic(r.trace), r.case.args[1].shape[0], r.case.args[1].shape[1]) for r in runs)
+    (low, b_low, t_low), (high, b_high, t_high) = counted[0], counted[-1]
+    if high > low + 4:
+        return (f"your code runs {low} arithmetic operations for a batch of {b_low} x {t_low} positions but {high} for "
+                f"{b_high} x {t_high}: the work is split into one piece per sequence or per position (a Python "
+                "loop); score every pair in one go")
+    return None
+
+
+def _breaker_double_loop(query, keys, W_q, W_k, v):
+    """The lesson's loop over positions, inside a loop over the batch: right scores, not batched."""
+    rows = []
+    for b in range(keys.shape[0]):
+        rows.append(torch.stack([v @ torch.tanh(W_q @ query[b] + W_k @ keys[b, j]) for j in range(keys.shape[1])]))
+    return torch.stack(rows)
+
+
+def _breaker_position_loop(query, keys, W_q, W_k, v):
+    """Batched over sequences, but one position at a time."""
+    q = query @ W_q.T  # (B, A)
+    return torch.stack([torch.tanh(q + keys[:, j] @ W_k.T) @ v for j in range(keys.shape[1])], dim=1)
+
+
+def _breaker_batch_loop(query, keys, W_q, W_k, v):
+    """Every position at once, but one sequence at a time."""
+    return torch.stack([torch.tanh(W_q @ query[b] + keys[b] @ W_k.T) @ v for b in range(keys.shape[0])])
+
+
 @exercise("01-additive-score", "additive_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
-          shortcuts=(_shortcut_module, _shortcut_concat),
+          allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat),
+          prop=_no_loop, prop_doc="no Python loop: the number of operations does not grow with the batch or the "
+                                  "number of source positions",
+          breakers=(_breaker_double_loop, _breaker_position_loop, _breaker_batch_loop),
           hint="project the query once and every key once, then let broadcasting pair each query projection with "
                "all T key projections (give the query a length-one axis where the keys have T); squash, then read "
                "each pair out with v. The result has one number per source position")
@@ -69,7 +107,8 @@ def _additive_score():
     """The additive score v^T tanh(W_q s + W_k h_j) for every source position, for a batch, without a loop."""
     gen = torch.Generator().manual_seed(11)
     cases = []
-    for name, size in SIZES.items():
+    for name, size in {**SIZES, "long sequences (B=2, T=48)": (2, 48, 4, 4, 3),
+                       "a larger batch (B=16, T=5)": (16, 5, 4, 6, 3)}.items():
         args, ref = _additive(gen, *size)
         with torch.no_grad():
             cases.append(Case(name, args, expected=ref.score(args[0], args[1]), rtol=1e-8, atol=1e-10))
@@ -79,8 +118,19 @@ def _additive_score():
 # ----------------------------------------------------------------------------- 2. bug: the note's module
 
 
+def _shortcut_bug_module(query, keys, W_q, W_k, v):
+    """The package's module with the weights copied in: the fix without finding the bug, refused."""
+    with torch.no_grad():
+        return _module(W_q, W_k, v)(query, keys)
+
+
 @exercise("01-find-the-bug", "additive_attention_fixed", points=2, category="bug",
-          bug_words=("size-1", "size 1", "axis of size", "singleton", "wrong axis", "wrong dim", "keepdim"),
+          bug_words=("size-1", "size 1", "size one", "axis of size", "axis of length", "length-1", "length 1 axis",
+                     "singleton", "wrong axis", "wrong dim", "keepdim", "trailing axis", "trailing dim",
+                     "last axis of size", "softmax over the last", "drop the size"),
+          allow=(), ops=("attention",), shortcuts=(_shortcut_bug_module,),
+          prop_doc="output equality is the property: the weights of every sequence form one distribution over its "
+                   "source positions and the context is their mix, whatever the sizes",
           hint="print the weights of one sequence and their sum: they should form one distribution over the source "
                "positions. Over which axis does each weight compete with the others in the note's code?")
 def _find_the_bug():
@@ -110,11 +160,46 @@ def _shortcut_safe_softmax(scores, lengths):
     return safe_softmax(scores.masked_fill(~mask, float("-inf")))
 
 
+def _shortcut_aten_safe_softmax(scores, lengths):
+    """PyTorch's own NaN-free softmax, under its ATen name: refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return torch.ops.aten._safe_softmax(scores.masked_fill(~mask, float("-inf")), -1)
+
+
+def _shortcut_masked_softmax(scores, lengths):
+    """PyTorch's private masked softmax (True marks what is masked): refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return torch._masked_softmax(scores, ~mask, 1, 0).nan_to_num(0.0)
+
+
+def _shortcut_sparse(scores, lengths):
+    """A sparse softmax over the real positions only: refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    sparse = torch.sparse_coo_tensor(mask.nonzero().T, scores[mask], scores.shape)
+    return torch.sparse.softmax(sparse, 1).to_dense()
+
+
+def _shortcut_fused(scores, lengths):
+    """PyTorch's fused attention with the scores as a float mask and the identity as values: refused."""
+    b, t = scores.shape
+    mask = torch.arange(t) < lengths[:, None]  # (B, T)
+    zeros = torch.zeros(b, 1, 1, dtype=scores.dtype)
+    eye = torch.eye(t, dtype=scores.dtype).expand(b, t, t).contiguous()
+    return torch.nn.functional.scaled_dot_product_attention(
+        zeros, torch.zeros(b, t, 1, dtype=scores.dtype), eye,
+        attn_mask=scores.masked_fill(~mask, float("-inf"))[:, None]).squeeze(1)
+
+
 @exercise("01-padding-mask", "masked_softmax", points=2, category="implement",
           forbid=("attncourse.sdpa.safe_softmax", "attncourse.rnn_attention.attend",
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          shortcuts=(_shortcut_attend, _shortcut_safe_softmax),
+          allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
+                         "aten::_sparse_log_softmax"),
+          shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
+                     _shortcut_sparse, _shortcut_fused),
+          prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
+                   "over the real positions; a plain softmax is allowed, the masking is the skill",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
                "others a score no exponential can lift above zero. Then ask what a softmax does to a row in which "
                "every score is like that, and decide that row's weights yourself")

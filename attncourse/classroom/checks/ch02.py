@@ -42,10 +42,20 @@ def _shortcut_bilinear(query, keys, W):
     return torch.nn.functional.bilinear(q, keys, W[None]).squeeze(-1)  # (B, T, 1) -> (B, T)
 
 
+def _shortcut_aten_bilinear(query, keys, W):
+    """The same bilinear form under its ATen name: must be refused."""
+    b, t, _ = keys.shape
+    q = query[:, None].expand(b, t, query.shape[1]).contiguous()  # (B, T, Dq)
+    return torch.ops.aten.bilinear(q, keys, W[None], None).squeeze(-1)
+
+
 @exercise("02-general-score", "general_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
                   "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear"),
-          shortcuts=(_shortcut_module, _shortcut_bilinear),
+          allow=(), ops=("attention", "aten::bilinear", "aten::_trilinear"),
+          shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear),
+          prop_doc="output equality is the property: s^T W h_j for every sequence and position, in whichever order "
+                   "the products run",
           hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
                "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
                "the batch axis apart from the positions")
@@ -108,10 +118,35 @@ def reference_dot_attention(query, keys, values, lengths):
     return context
 
 
+def _shortcut_luong_module(query, keys, values, lengths):
+    """The package's dot attention with the right mask: the fix without finding the bug, refused."""
+    valid = torch.arange(keys.shape[1]) < lengths[:, None]
+    return LuongAttention(query.shape[1], keys.shape[2], "dot")(query, keys, values, mask=valid)[0]
+
+
+def _shortcut_course_sdpa(query, keys, values, lengths):
+    """The course's attention with the right mask: refused."""
+    valid = torch.arange(keys.shape[1]) < lengths[:, None]
+    return scaled_dot_product_attention(query[:, None], keys, values, valid[:, None], scale=1.0).squeeze(1)
+
+
+def _shortcut_aten_sdpa(query, keys, values, lengths):
+    """PyTorch's attention kernel under its ATen name: refused."""
+    valid = torch.arange(keys.shape[1]) < lengths[:, None]
+    return torch.ops.aten.scaled_dot_product_attention(query[:, None], keys, values, valid[:, None],
+                                                       scale=1.0).squeeze(1)
+
+
 @exercise("02-find-the-bug", "luong_dot_attention", points=2, category="bug",
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
           bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
-                     "blocked", "True = padding"),
+                     "blocked", "True = padding", "True at padding", "true where padded", "double negat",
+                     "negation", "flipped", "flip the", "wrong way round", "the wrong positions",
+                     "attends to the padding", "attended only to their"),
+          allow=(), ops=("attention",),
+          shortcuts=(_shortcut_luong_module, _shortcut_course_sdpa, _shortcut_aten_sdpa),
+          prop_doc="output equality is the property: each context mixes exactly the first lengths[b] values of its "
+                   "row, which only the right mask gives",
           hint="run the given function on a batch whose rows have different lengths, with zeros at the padded "
                "positions, and look at each row's context: what comes out for a short row, and what for a row that "
                "has no padding at all? Which positions did each row's query actually read?")
@@ -162,6 +197,7 @@ def init_width_ratio_reference(queries, keys, hidden_size, seed):
 
 
 @exercise("02-init-width", "init_width_ratio", points=2, category="experiment",
+          allow=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
           hint="seed, build one module, read its weights; seed again, build the other. Each tanh input is the "
                "query's part plus the key's part: pair every query with each of its T keys by broadcasting, take "
                "the root mean square over every entry for each module, and divide")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +30,12 @@ def _qkv(gen: torch.Generator, q_shape, k_len: int, dv: int | None = None, dtype
 # ----------------------------------------------------------------------------- 1. NumPy alone
 
 
+def _has_scipy() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("scipy") is not None
+
+
 def _numpy_through_torch(Q, K, V):
     """A right answer that hands the work to the course's oracle: must be refused."""
     out, w = scaled_dot_product_attention(*(torch.from_numpy(x) for x in (Q, K, V)), return_weights=True)
@@ -42,8 +49,33 @@ def _numpy_through_fused(Q, K, V):
     return (w @ v).numpy(), w.numpy()
 
 
+def _numpy_through_aten_math(Q, K, V):
+    """PyTorch's math attention under its ATen name, handed back as NumPy: must be refused."""
+    q, k, v = (torch.from_numpy(x) for x in (Q, K, V))
+    out, w = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)
+    return out.numpy(), w.numpy()
+
+
+def _numpy_through_log_softmax(Q, K, V):
+    """A softmax spelled as exp(log_softmax) in PyTorch: must be refused (any PyTorch operation is)."""
+    w = torch.log_softmax(torch.from_numpy(Q @ K.T / np.sqrt(Q.shape[1])), dim=-1).exp().numpy()
+    return w @ V, w
+
+
+def _numpy_through_scipy(Q, K, V):
+    """SciPy's softmax: must be refused."""
+    from scipy.special import softmax
+
+    w = softmax(Q @ K.T / np.sqrt(Q.shape[1]), axis=-1)
+    return w @ V, w
+
+
 @exercise("03-sdpa-numpy", "attention_numpy", points=2, numpy=True, category="implement",
-          forbid=_FORBID + _SOFTMAX, shortcuts=(_numpy_through_torch, _numpy_through_fused),
+          forbid=_FORBID + _SOFTMAX, allow=(), ops=("torch",),
+          shortcuts=(_numpy_through_torch, _numpy_through_fused, _numpy_through_aten_math,
+                     _numpy_through_log_softmax) + ((_numpy_through_scipy,) if _has_scipy() else ()),
+          prop_doc="output equality is the property: the attention computed from the arrays, with no PyTorch "
+                   "operation at all (the guard refuses every one)",
           hint="compare every query with every key, scale so that the scores' spread does not grow with the "
                "width, and turn each query's row into a distribution over the keys; shift each row by its own "
                "largest score before exponentiating, so that nothing overflows")
@@ -68,8 +100,25 @@ def _sdpa_numpy():
 # ----------------------------------------------------------------------------- 2. find the bug
 
 
-@exercise("03-batched-attention-bug", "attention_fixed", points=2, category="bug", forbid=_FORBID,
-          bug_words=("mT", "reverses all", "reverses every", "reverse all", "all four dims"),
+def _bug_by_aten(q, k, v):
+    """PyTorch's attention kernel under its ATen name: the fix without finding the bug, refused."""
+    return torch.ops.aten.scaled_dot_product_attention(q, k, v)
+
+
+def _bug_by_oracle(q, k, v):
+    """The course's attention: refused."""
+    return scaled_dot_product_attention(q, k, v)
+
+
+@exercise("03-find-the-bug-1", "attention_fixed", points=2, category="bug", forbid=_FORBID,
+          aliases=("03-batched-attention-bug",),
+          bug_words=("mT", "reverses all", "reverses every", "reverse all", "reverses the", "reversed", "all four dims",
+                     "all four axes", "every axis is swapped", "all axes", "all dims", "all dimensions",
+                     "only the last two", "last two axes", "last two dims", "last two dimensions", "swapaxes",
+                     "shape reversed", "permutedims", "deprecated"),
+          allow=(), ops=("attention",), shortcuts=(_bug_by_aten, _bug_by_oracle),
+          prop_doc="output equality is the property: the right values for inputs of every rank and size (2-D, "
+                   "Tq != Tk, every axis of one size)",
           hint="run it on each input of the cell and print the shape of every intermediate: where does one first "
                "differ from what the formula needs?")
 def _batched_bug():
@@ -116,8 +165,38 @@ def _masked_by_fused(q, k, v, keep):
     return F.scaled_dot_product_attention(q, k, v, keep)  # zeros on fully masked rows since PyTorch 2.5
 
 
+def _masked_by_aten(q, k, v, keep):
+    return torch.ops.aten.scaled_dot_product_attention(q, k, v, keep)
+
+
+def _masked_by_safe_softmax(q, k, v, keep):
+    s = (q.float() @ k.float().mT) * q.shape[-1] ** -0.5
+    return (torch._safe_softmax(s.masked_fill(~keep, float("-inf")), -1).to(v.dtype)) @ v
+
+
+def _masked_by_aten_safe_softmax(q, k, v, keep):
+    s = (q.float() @ k.float().mT) * q.shape[-1] ** -0.5
+    return (torch.ops.aten._safe_softmax(s.masked_fill(~keep, float("-inf")), -1).to(v.dtype)) @ v
+
+
+def _masked_by_log_softmax(q, k, v, keep):
+    s = (q.float() @ k.float().mT) * q.shape[-1] ** -0.5
+    return (torch.log_softmax(s.masked_fill(~keep, float("-inf")), -1).exp().nan_to_num(0.0).to(v.dtype)) @ v
+
+
+def _masked_by_one_pass(q, k, v, keep):
+    from attncourse.online_softmax import one_pass_softmax
+
+    s = (q.float() @ k.float().mT) * q.shape[-1] ** -0.5
+    return one_pass_softmax(s.masked_fill(~keep, float("-inf"))).nan_to_num(0.0).to(v.dtype) @ v
+
+
 @exercise("03-masked-attention", "masked_attention", points=3, category="implement",
-          forbid=_FORBID + _SOFTMAX, shortcuts=(_masked_by_oracle, _masked_by_fused),
+          forbid=_FORBID + _SOFTMAX, allow=(), ops=("attention", "softmax", "logsumexp"),
+          shortcuts=(_masked_by_oracle, _masked_by_fused, _masked_by_aten, _masked_by_safe_softmax,
+                     _masked_by_aten_safe_softmax, _masked_by_log_softmax, _masked_by_one_pass),
+          prop_doc="output equality is the property: exact zeros for blocked keys and fully blocked rows, finite in "
+                   "float16; the guard refuses every softmax and attention kernel, so the softmax is the learner's",
           hint="blocked keys must get a weight of exactly zero; follow a row whose every key is blocked through "
                "your softmax, step by step, and see where it becomes NaN; half precision needs a wider softmax")
 def _masked():
@@ -161,10 +240,10 @@ def _within_sampling_error(args):
 
     def rule(got, expected) -> str | None:
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-            return f"expected a finite float (the measured variance), got {got!r}"[:200]
+            return f"expected a finite float (the measured variance), got {type(got).__name__}"
         # the reference measured `expected` from its own draws; yours comes from your draws: both are estimates
         if abs(got - theory) > 6 * rel_se * theory or abs(got - expected) > 8 * rel_se * theory:
-            return (f"d_k={d_k}, std={std}, n={n}: your measured variance {got:.4g} is further from the reference "
+            return (f"d_k={d_k}, std={std}, n={n}: your measured variance is further from the reference "
                     f"measurement than sampling noise allows (about {100 * rel_se:.1f}% per estimate): check what "
                     "you draw and what you take the variance of")
         return None
@@ -172,7 +251,29 @@ def _within_sampling_error(args):
     return rule
 
 
-@exercise("03-variance-experiment", "dot_product_variance", points=1, category="experiment",
+def _same_draws(args):
+    """A small sample: the value depends on the very numbers drawn, so it must equal the check's own measurement
+    from the same seed (no law predicts it; only measuring does)."""
+    d_k, std, n, seed = args
+
+    def rule(got, expected) -> str | None:
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+            return f"expected a finite float (the measured variance), got {type(got).__name__}"
+        rel = abs(got - expected) / abs(expected)
+        if rel > 1e-7:
+            return (f"d_k={d_k}, std={std}, n={n}, seed={seed}: with so few pairs the variance is whatever these "
+                    f"draws give, and yours is off by about {rel:.0%} from the check's own measurement of the same "
+                    "draws: draw exactly as the exercise says (queries first, then keys, float64, from a generator "
+                    "seeded with seed) and take the unbiased sample variance")
+        return None
+
+    return rule
+
+
+SMALL = ((4, 1.5, 40, 5), (8, 0.7, 30, 6), (2, 3.0, 60, 7), (16, 1.0, 25, 8))  # no law gets these within 15%
+
+
+@exercise("03-variance-experiment", "dot_product_variance", points=1, category="experiment", allow=(),
           hint="draw n queries and n keys with the given standard deviation from a generator seeded with seed, "
                "take each pair's dot product, and return the variance of those n numbers as a float")
 def _variance():
@@ -181,4 +282,7 @@ def _variance():
     for args in ((16, 1.0, 20_000, 0), (64, 1.0, 20_000, 1), (256, 0.5, 20_000, 2), (8, 2.0, 20_000, 3)):
         cases.append(Case(f"d_k={args[0]}, std={args[1]}, n={args[2]}, seed={args[3]}", args,
                           expected=measure_dot_variance(*args), compare=_within_sampling_error(args)))
+    for args in SMALL:
+        cases.append(Case(f"a small sample: d_k={args[0]}, std={args[1]}, n={args[2]}, seed={args[3]}", args,
+                          expected=measure_dot_variance(*args), compare=_same_draws(args)))
     return cases

@@ -1,0 +1,137 @@
+"""Chapter 03's checks refuse the routes a learner could take without the skill (issue 23), by the check cell and
+the grader alike, and accept independent right answers."""
+
+import math
+
+import numpy as np
+import torch
+
+from attncourse.classroom import checks
+# ----------------------------------------------------------------------------- routes a learner could try (issue 23)
+
+from test_exercise_standard import grader_reply, judge  # noqa: E402
+
+
+def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
+    """(check cell's message or None, grader's status and message) for `answer` typed in a notebook cell."""
+    ex = checks.get(exercise_id)
+    answer = _as_cell(answer)
+    try:
+        checks.check(exercise_id, answer)
+        cell = None
+    except checks.CheckFailed as err:
+        cell = str(err)
+    cases = ex.make_cases()
+    return cell, judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))
+
+
+def _as_cell(fn):
+    """`fn` filed under a notebook cell's name (what the guard sees for code a learner typed)."""
+    import types
+
+    def refile(c):
+        return c.replace(co_filename="<cell learner>",
+                         co_consts=tuple(refile(k) if isinstance(k, types.CodeType) else k for k in c.co_consts))
+
+    return types.FunctionType(refile(fn.__code__), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def refused(exercise_id, answer, tmp_path, monkeypatch, why="called"):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is not None and why in cell, cell
+    assert status in ("failed", "error") and why in message, (status, message)
+
+
+def accepted(exercise_id, answer, tmp_path, monkeypatch):
+    cell, (status, message) = _verdicts(exercise_id, answer, tmp_path, monkeypatch)
+    assert cell is None and status == "passed", (cell, status, message)
+
+
+def _attention(q, k, v):
+    w = (q @ k.mT / math.sqrt(q.shape[-1])).softmax(-1)
+    return w @ v
+
+
+def test_sdpa_numpy_routes(tmp_path, monkeypatch):
+    def aten_math(Q, K, V):
+        out, w = torch.ops.aten._scaled_dot_product_attention_math(*(torch.from_numpy(x) for x in (Q, K, V)))
+        return out.numpy(), w.numpy()
+
+    def log_softmax(Q, K, V):
+        w = torch.log_softmax(torch.from_numpy(Q @ K.T / np.sqrt(Q.shape[1])), -1).exp().numpy()
+        return w @ V, w
+
+    def numpy_alone(Q, K, V):
+        s = Q @ K.T / np.sqrt(Q.shape[1])
+        e = np.exp(s - s.max(-1, keepdims=True))
+        w = e / e.sum(-1, keepdims=True)
+        return w @ V, w
+
+    refused("03-sdpa-numpy", aten_math, tmp_path, monkeypatch)
+    refused("03-sdpa-numpy", log_softmax, tmp_path, monkeypatch)
+    accepted("03-sdpa-numpy", numpy_alone, tmp_path, monkeypatch)
+
+
+def test_find_the_bug_routes(tmp_path, monkeypatch):
+    def aten_kernel(q, k, v):
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v)
+
+    def math_kernel(q, k, v):
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
+
+    def buggy(q, k, v):  # the colleague's code
+        return (q.shape[-1] ** -0.5 * q @ k.T).softmax(dim=-1) @ v
+
+    refused("03-find-the-bug-1", aten_kernel, tmp_path, monkeypatch)
+    refused("03-find-the-bug-1", math_kernel, tmp_path, monkeypatch)
+    refused("03-find-the-bug-1", buggy, tmp_path, monkeypatch, why="")
+    accepted("03-find-the-bug-1", _attention, tmp_path, monkeypatch)
+    assert checks.get("03-batched-attention-bug").id == "03-find-the-bug-1"  # old submissions still grade
+
+
+def test_masked_attention_routes(tmp_path, monkeypatch):
+    def scores(q, k, keep):
+        return (q.float() @ k.float().mT / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+
+    def aten_sdpa(q, k, v, keep):
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v, keep)
+
+    def aten_safe(q, k, v, keep):
+        return torch.ops.aten._safe_softmax(scores(q, k, keep), -1).to(v.dtype) @ v
+
+    def private_safe(q, k, v, keep):
+        return torch._safe_softmax(scores(q, k, keep), -1).to(v.dtype) @ v
+
+    def one_pass(q, k, v, keep):
+        from attncourse.online_softmax import one_pass_softmax
+        return one_pass_softmax(scores(q, k, keep)).nan_to_num(0.0).to(v.dtype) @ v
+
+    def mine(q, k, v, keep):
+        s = scores(q, k, keep).double()
+        top = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+        e = (s - top).exp()
+        z = e.sum(-1, keepdim=True)
+        return (e / torch.where(z > 0, z, 1.0)).to(v.dtype) @ v
+
+    for route in (aten_sdpa, aten_safe, private_safe, one_pass):
+        refused("03-masked-attention", route, tmp_path, monkeypatch)
+    accepted("03-masked-attention", mine, tmp_path, monkeypatch)
+
+
+def test_variance_experiment_routes(tmp_path, monkeypatch):
+    def closed_form(d_k, std, n, seed):
+        return float(d_k * std**4)
+
+    def reference(d_k, std, n, seed):
+        from attncourse.classroom.checks.ch03 import measure_dot_variance
+        return measure_dot_variance(d_k, std, n, seed)
+
+    def measured(d_k, std, n, seed):
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+        k = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+        return float((q * k).sum(-1).var())
+
+    refused("03-variance-experiment", closed_form, tmp_path, monkeypatch, why="small sample")
+    refused("03-variance-experiment", reference, tmp_path, monkeypatch)
+    accepted("03-variance-experiment", measured, tmp_path, monkeypatch)
