@@ -305,7 +305,8 @@ def _place(code):
     """Where a code object lives: "self" (this guard), "library" (the course package), "launch" (Triton's kernel
     launcher), "package:NAME" (a library that would do a whole job), "torch", "learner" or "other" (the
     standard library, other installed packages, generated code). Cached: the answer's guard asks often."""
-    place = _PLACES.get(code)
+    key = (code, code.co_filename)  # code objects compare equal across files: the file is part of the key
+    place = _PLACES.get(key)
     if place is None:
         filename = code.co_filename
         if filename == "<attncourse call guard>" or os.path.realpath(filename) == _HERE:
@@ -329,7 +330,7 @@ def _place(code):
                 place = "other"
             else:
                 place = "learner"
-        _PLACES[code] = place
+        _PLACES[key] = place
     return place
 
 
@@ -380,17 +381,19 @@ class Guard:
         pol = dict(pol)
         self.pol = pol
         self.stop = stop
+        self.pending = None
         self.codes, self.builtins, self.methods, self.used = {}, {}, {}, []
         for dotted in pol.get("forbid", ()):
             for obj in resolve(dotted, namespace):
                 self._add(obj, dotted)
         self.library = LIBRARY if pol.get("library") else None
         self.families = tuple(pol.get("ops", ()))
-        self.allowed = set()
+        self.allowed, self._keep = set(), []
         if self.library:
             for dotted in pol.get("allow", ()):
                 for code in _codes_of(lookup(dotted), self.library):
-                    self.allowed.add(code)
+                    self.allowed.add(id(code))  # by identity: equal bytecode elsewhere is not allowed
+                    self._keep.append(code)
         self.packages = tuple(sorted({p for fam in self.families for p in PACKAGES.get(fam, ())}))
         self.tracing = bool(pol.get("trace"))
         self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0}
@@ -405,10 +408,11 @@ class Guard:
 
     # --- what a code object is
     def _kind(self, code):
-        kind = self._kinds.get(code)
+        key = (code, code.co_filename)
+        kind = self._kinds.get(key)
         if kind is None:
             kind = self._classify(code)
-            self._kinds[code] = kind
+            self._kinds[key] = kind
         return kind
 
     def _classify(self, code):
@@ -418,7 +422,7 @@ class Guard:
                 return "self"
             if not self.library:
                 return "other"
-            return "allowed" if code in self.allowed else "library"
+            return "allowed" if id(code) in self.allowed else "library"
         if place.startswith("package:"):
             return "package" if place[8:] in self.packages else "other"
         if place == "torch":
@@ -452,7 +456,14 @@ class Guard:
         text = dotted + (f", {WORDS.get(family, family)}," if family else "") + (f" ({where})" if where else "")
         if not any(u.split(" (")[0].split(",")[0] == dotted for u in self.used):
             self.used.append(text)
-        if self.stop and self.installed:  # the verdict is recorded: stop the answer here
+        if self.stop and self.installed:  # the verdict is recorded: stop the answer at its next operator
+            self.pending = text
+
+    def _stop_here(self):
+        """Raise :class:`Refused` into the answer (from a mode's handler, never from the profile hook: raising there
+        has crashed CPython 3.11) once a refusal is pending."""
+        if self.pending is not None and self.installed:
+            text, self.pending = self.pending, None
             raise Refused(text)
 
     def _where(self, frame):
@@ -646,30 +657,14 @@ class Guard:
         if not self.active:
             return self
         self.root = sys._getframe(1)
-        import torch
-        from torch.overrides import TorchFunctionMode
-
         _warm_up()
 
-        guard = self
         if self.builtins or self.families:
-            class Watch(TorchFunctionMode):
-                def __torch_function__(self, func, types, args=(), kwargs=None):
-                    guard._on_function(func)
-                    return func(*args, **(kwargs or {}))
-
-            mode = Watch()
+            mode = _mode_classes()[0](self)
             mode.__enter__()
             self.modes.append(mode)
         if self.families or self.tracing:
-            from torch.utils._python_dispatch import TorchDispatchMode
-
-            class Record(TorchDispatchMode):
-                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                    guard._on_dispatch(func, args, kwargs)
-                    return func(*args, **(kwargs or {}))
-
-            mode = Record()
+            mode = _mode_classes()[1](self)
             mode.__enter__()
             self.modes.append(mode)
         previous = sys.getprofile()
@@ -693,6 +688,40 @@ class Guard:
         if getattr(hook, "__self__", None) is not self:
             self._hit("sys.setprofile")
         return False
+
+
+_MODES = []
+
+
+def _mode_classes():
+    """The guard's two mode classes, made once: PyTorch keeps per-class state for a mode's type, and a class made
+    per check, freed and its address reused, has crashed the interpreter."""
+    if not _MODES:
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Watch(TorchFunctionMode):
+            def __init__(self, guard):
+                super().__init__()
+                self.guard = guard
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                self.guard._on_function(func)
+                self.guard._stop_here()
+                return func(*args, **(kwargs or {}))
+
+        class Record(TorchDispatchMode):
+            def __init__(self, guard):
+                super().__init__()
+                self.guard = guard
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.guard._on_dispatch(func, args, kwargs)
+                self.guard._stop_here()
+                return func(*args, **(kwargs or {}))
+
+        _MODES.extend([Watch, Record])
+    return _MODES
 
 
 _WARM = []
