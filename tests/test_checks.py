@@ -16,7 +16,7 @@ def right(q, k, v):
 
 def test_pass_line(capsys):
     check("03-batched-attention-bug", right)
-    assert capsys.readouterr().out.strip() == "✓ 03-batched-attention-bug: all 5 case(s) passed"
+    assert capsys.readouterr().out.strip() == "✓ 03-find-the-bug-1: all 5 case(s) passed"  # the old id is an alias
 
 
 def test_wrong_values_name_case_index_and_hint():

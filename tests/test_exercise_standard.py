@@ -838,7 +838,11 @@ def _running(call):
     return as_learner(answer)
 
 
-CORPUS_SIZES: dict[str, tuple[int, int]] = {}
+# Modules of the package that are tooling, not lessons (kernels, files, subprocesses, benchmarks): the corpus checks
+# the guard's decision on entering their code rather than running it with an exercise's arguments.
+SYSTEM_MODULES = ("attncourse.classroom.nbtools", "attncourse.classroom.release", "attncourse.nbtools",
+                  "attncourse.release", "attncourse.bench", "attncourse.utils", "attncourse.ring_train",
+                  "attncourse.ring.run_distributed", "attncourse.seq2seq")
 
 
 def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int]:
@@ -848,7 +852,14 @@ def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int
     cases = ex.make_cases()[:1]  # the first case decides (check() and the grader stop at a refusal)
     allowed = {checks.forbidden.lookup(name) for name in ex.allow}
     answers = []
+    decide = checks.forbidden.Guard(ex.policy)
     for name, obj in library_callables():
+        if name.startswith(SYSTEM_MODULES):  # tooling that starts kernels, writes files, benchmarks: the guard's
+            codes = checks.forbidden._codes_of(obj, "attncourse")  # decision on entering it, without running it
+            tried += 1
+            if obj not in allowed and any(decide._kind(c) != "library" for c in codes):
+                problems.append(f"{ex.id}: the guard would let the answer enter {name}")
+            continue
         answers.append((name, obj, obj in allowed))
         answers.append((f"a call of {name}", _calling(obj), obj in allowed))
     spell = _op_spellings()

@@ -73,7 +73,19 @@ DATA_OPS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|s
 ESCAPES = ("setprofile", "settrace", "_pop_mode", "_pop_torch_function_stack", "_set_torch_function_mode",
            "_set_dispatch_mode", "_unset_dispatch_mode", "_DisableTorchDispatch", "DisableTorchFunction",
            "DisableTorchFunctionSubclass", "_disabled_torch_function_impl", "_DisablePythonDispatcher",
-           "_ExcludeDispatchKeyGuard", "_force_dispatch_key_set", "_set_dispatch_mode_stack")
+           "_ExcludeDispatchKeyGuard", "_force_dispatch_key_set", "_set_dispatch_mode_stack",
+           # reaching the guard or the check's frames (the verdict, the trace, the expected values) from the answer
+           "getprofile", "gettrace", "_getframe", "_current_frames", "get_objects", "get_referrers",
+           "get_referents")
+# The same through the standard library's Python (inspect.stack(), traceback.walk_stack()), entered from the answer.
+FRAME_FUNCS = ("currentframe", "stack", "getouterframes", "getinnerframes", "walk_stack", "extract_stack",
+               "print_stack", "format_stack")
+# Work started outside the watch (the hook and the modes are per thread): refused from anywhere in the answer
+# unless an allowed helper does it.
+ELSEWHERE = ("start_new_thread", "start_new", "start_joinable_thread", "_start_joinable_thread", "fork", "forkpty",
+             "posix_spawn", "posix_spawnp", "system", "fork_exec", "execv", "execve", "spawnv", "spawnve",
+             "register_at_fork")
+_FRAME_MODULES = ("inspect.py", "traceback.py")
 
 
 def message(name):
@@ -545,6 +557,9 @@ class Guard:
             if dotted is not None:
                 self._hit(dotted, self._where(frame.f_back))
             kind = self._kind(code)
+            if code.co_name in FRAME_FUNCS and code.co_filename.endswith(_FRAME_MODULES) and frame.f_back is not None \
+                    and self._kind(frame.f_back.f_code) == "learner":  # inspect.stack(), traceback.walk_stack()
+                self._hit(f"{os.path.basename(code.co_filename)[:-3]}.{code.co_name}", self._where(frame.f_back))
             if kind == "self" and code.co_name not in _GUARD_RUNS and \
                     (frame.f_back is self.root or (frame.f_back is not None and
                                                    self._kind(frame.f_back.f_code) == "learner")):
@@ -600,6 +615,9 @@ class Guard:
             name = getattr(arg, "__name__", "") or ""
             if name in ESCAPES and self._kind(frame.f_code) == "learner":
                 self._hit(f"{getattr(arg, '__module__', None) or 'sys'}.{name}", self._where(frame))
+            elif name in ELSEWHERE and not self._allowed_frames and self._kind(frame.f_code) != "self":
+                self._hit(f"{getattr(arg, '__module__', None) or 'os'}.{name} (work outside the watch: a thread or "
+                          "a process)", self._where(frame))
             elif self.families and not self._allowed_frames and self._kind(frame.f_code) != "self":
                 fam = family_of(name, self.families) if name else None
                 if fam is not None and (fam != "torch" or genuine(arg, "torch")):
@@ -706,9 +724,8 @@ def _mode_classes():
                 self.guard = guard
 
             def __torch_function__(self, func, types, args=(), kwargs=None):
-                self.guard._on_function(func)
-                self.guard._stop_here()
-                return func(*args, **(kwargs or {}))
+                self.guard._on_function(func)  # no stop here: this level also sees state switches such as
+                return func(*args, **(kwargs or {}))  # no_grad's __exit__, which must run
 
         class Record(TorchDispatchMode):
             def __init__(self, guard):
@@ -788,6 +805,9 @@ def run(answer, args, kwargs, pol, namespace=None):
     if guard.tracing:
         guard.label_inputs(args, kwargs)
     error, result = None, None
+    import torch
+
+    grad = torch.is_grad_enabled()  # an answer stopped inside a `no_grad` block must not leave it on
     with guard:
         try:
             result = answer(*args, **kwargs)
@@ -795,6 +815,7 @@ def run(answer, args, kwargs, pol, namespace=None):
             pass
         except Exception as err:  # a forbidden call decides the verdict, whatever the answer did next
             error = err
+    torch.set_grad_enabled(grad)
     trace = guard.trace if guard.tracing else None
     if chunks is not None:
         trace = dict(trace or {}, chunks=chunks.handed)
