@@ -596,6 +596,9 @@ class Guard:
                     dotted = None
                 if dotted is not None:
                     self._hit(dotted, self._where(frame))
+                name = getattr(arg, "__name__", "") or ""
+                if name in ESCAPES or name in ELSEWHERE:  # a kernel's body is the learner's code too
+                    self._hit(f"{getattr(arg, '__module__', None) or 'sys'}.{name}", self._where(frame))
                 if self.previous is not None:
                     self.previous(frame, event, arg)
                 return
