@@ -36,26 +36,26 @@ def statuses(result):
 def test_cheating_inside_the_notebook_buys_nothing(tmp_path):
     def edit(nb):
         # a wrong answer, a patched checker, a patched reference, an edited check cell and a fake pass line
-        answer_cell(nb, "03-batched-attention-bug").source = (
+        answer_cell(nb, "03-find-the-bug-1").source = (
             "def attention_fixed(q, k, v):\n    return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)\n"
             "import attncourse, attncourse.classroom.checks, attncourse.sdpa\n"
-            "attncourse.classroom.checks.check = attncourse.check = lambda *a, **k: print('✓ 03-batched-attention-bug: all 3 case(s) passed')\n"
+            "attncourse.classroom.checks.check = attncourse.check = lambda *a, **k: print('✓ 03-find-the-bug-1: all 3 case(s) passed')\n"
             "attncourse.classroom.checks.compare = lambda *a, **k: None\n"
             "attncourse.sdpa.scaled_dot_product_attention = attention_fixed\n"
             "attncourse.scaled_dot_product_attention = attention_fixed\n")
         for cell in nb.cells:
-            if cell.metadata.get("nbgrader", {}).get("grade_id") == "03-batched-attention-bug":
-                cell.source = "print('✓ 03-batched-attention-bug: all 3 case(s) passed')"
+            if cell.metadata.get("nbgrader", {}).get("grade_id") == "03-find-the-bug-1":
+                cell.source = "print('✓ 03-find-the-bug-1: all 3 case(s) passed')"
                 cell.metadata["nbgrader"]["points"] = 100  # edited metadata does not raise the maximum either
 
     result = grade.grade_notebook(submission(tmp_path, "03_cheat.ipynb", edit))
-    assert statuses(result)["03-batched-attention-bug"] == "failed"
-    assert result.max_score == MAX and result.score == MAX - POINTS["03-batched-attention-bug"]
+    assert statuses(result)["03-find-the-bug-1"] == "failed"
+    assert result.max_score == MAX and result.score == MAX - POINTS["03-find-the-bug-1"]
 
 
 def test_forbidden_kernel_is_caught_even_when_aliased(tmp_path):
     def edit(nb):
-        answer_cell(nb, "03-batched-attention-bug").source = (
+        answer_cell(nb, "03-find-the-bug-1").source = (
             "from torch.nn.functional import scaled_dot_product_attention as sneaky\n"
             "def attention_fixed(q, k, v):\n    return sneaky(q, k, v)\n")
         answer_cell(nb, "03-masked-attention").source = (  # the course's own oracle, under another name
@@ -63,11 +63,11 @@ def test_forbidden_kernel_is_caught_even_when_aliased(tmp_path):
             "def masked_attention(q, k, v, keep):\n    return oracle(q, k, v, keep)\n")
 
     result = grade.grade_notebook(submission(tmp_path, "03_fused.ipynb", edit))
-    ex = next(e for e in result.exercises if e.id == "03-batched-attention-bug")
+    ex = next(e for e in result.exercises if e.id == "03-find-the-bug-1")
     assert ex.status == "failed" and "scaled_dot_product_attention" in ex.message
     ex = next(e for e in result.exercises if e.id == "03-masked-attention")
     assert ex.status == "failed" and "attncourse" in ex.message and "scaled_dot_product_attention" in ex.message, ex
-    assert result.score == MAX - POINTS["03-batched-attention-bug"] - POINTS["03-masked-attention"]  # the others pass
+    assert result.score == MAX - POINTS["03-find-the-bug-1"] - POINTS["03-masked-attention"]  # the others pass
 
 
 def test_raising_looping_and_dying_submissions(tmp_path):
@@ -81,7 +81,7 @@ def test_raising_looping_and_dying_submissions(tmp_path):
     assert st["03-sdpa-numpy"] == "error" and "ValueError: oops" in result.exercises[0].message
     assert st["03-masked-attention"] == "timeout"
     assert st["03-predict-shapes"] == "missing"          # its cell was interrupted, the name never defined
-    assert st["03-batched-attention-bug"] == "passed" and st["03-variance-experiment"] == "passed"
+    assert st["03-find-the-bug-1"] == "passed" and st["03-variance-experiment"] == "passed"
     assert "interrupted" in result.message
 
     def die(nb):
@@ -206,7 +206,7 @@ def test_hidden_test_protocol(tmp_path):
     blocks = {
         "03-sdpa-numpy": "out, w = attention_numpy(np.eye(3), np.eye(3), np.ones((3, 2)))\n"
                          "assert isinstance(out, np.ndarray) and out.shape == (3, 2)\n",
-        "03-batched-attention-bug": "try:\n    attention_fixed(torch.zeros(2, 3), torch.zeros(4, 5), torch.zeros(4, 5))\n"
+        "03-find-the-bug-1": "try:\n    attention_fixed(torch.zeros(2, 3), torch.zeros(4, 5), torch.zeros(4, 5))\n"
                                "except RuntimeError:\n    pass\nelse:\n    raise AssertionError('expected an error')\n",
         "03-predict-shapes": "assert predicted_shapes[2] == (2, 4, 5, 8)\n",
         "03-variance-experiment": "assert dot_product_variance(4, 1.0, 100, 0) < 0, 'the instructor wants a negative variance'\n",
@@ -224,7 +224,7 @@ def test_hidden_test_protocol(tmp_path):
     assert set(grade.hidden_tests("03", sols)) == set(blocks) | {"03-masked-attention"}
     result = grade.grade_notebook(submission(tmp_path, "03_min.ipynb", minimal), cell_timeout=30, solutions=sols)
     st = statuses(result)
-    assert st == {"03-sdpa-numpy": "passed", "03-batched-attention-bug": "passed", "03-predict-shapes": "passed",
+    assert st == {"03-sdpa-numpy": "passed", "03-find-the-bug-1": "passed", "03-predict-shapes": "passed",
                   "03-masked-attention": "passed", "03-variance-experiment": "failed"}, result.exercises
     msg = next(e.message for e in result.exercises if e.id == "03-variance-experiment")
     assert "negative variance" in msg
@@ -234,13 +234,13 @@ def test_loud_and_renamed_submissions(tmp_path):
     def edit(nb):
         minimal(nb)
         nb.cells.insert(1, nbformat.v4.new_code_cell("for _ in range(40):\n    print('x' * 100_000)"))
-        cell = answer_cell(nb, "03-batched-attention-bug")
+        cell = answer_cell(nb, "03-find-the-bug-1")
         cell.source = cell.source.replace("def attention_fixed(", "def attention_fix(")
 
     result = grade.grade_notebook(submission(tmp_path, "03_loud.ipynb", edit), cell_timeout=30)
-    ex = next(e for e in result.exercises if e.id == "03-batched-attention-bug")
+    ex = next(e for e in result.exercises if e.id == "03-find-the-bug-1")
     assert ex.status == "missing" and "attention_fix" in ex.message and "renamed" in ex.message
-    assert result.score == MAX - POINTS["03-batched-attention-bug"] and "printed 4.0 MB" in result.message
+    assert result.score == MAX - POINTS["03-find-the-bug-1"] and "printed 4.0 MB" in result.message
 
 
 def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):

@@ -89,7 +89,8 @@ def _mqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads):  # PyTorch's reference attenti
     q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
     k, v = ((x @ w.T).view(B, 1, T, -1).expand(B, n_heads, T, -1) for w in (w_k, w_v))
     out = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
-    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+    merged = out.transpose(1, 2).reshape(B, T, d)
+    return merged @ w_o.T
 
 
 @exercise("05-find-the-bug-1", "mqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-mqa-axis-bug",),
@@ -123,7 +124,8 @@ def _gqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):  # the kernel's GQ
     q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
     k, v = ((x @ w.T).view(B, T, n_kv_heads, -1).transpose(1, 2) for w in (w_k, w_v))
     out = torch.ops.aten.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
+    merged = out.transpose(1, 2).reshape(B, T, d)
+    return merged @ w_o.T
 
 
 @exercise("05-find-the-bug-2", "gqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-fake-gqa",),

@@ -32,7 +32,7 @@ def _shortcut_tile_states(mask, block_q, block_k):
 
 def _breaker_tile_states(mask, block_q, block_k):
     """Every tile visited by a Python loop: the right states, one handful of operations per tile."""
-    t_q, t_k = mask.shape
+    t_q, t_k = mask.shape[0], mask.shape[1]
     n_q, n_k = -(-t_q // block_q), -(-t_k // block_k)
     states = torch.zeros(n_q, n_k, dtype=torch.long)
     for a in range(n_q):
@@ -194,7 +194,8 @@ def _breaker_paged_alibi(query, k_pages, v_pages, block_table, length, slopes):
     """The sequence's pages gathered into one dense (H, L, D) cache, then one softmax: the right output, no paging."""
     h, d = query.shape
     hkv, page = k_pages.shape[1], k_pages.shape[2]
-    kv_of = torch.arange(h) // (h // hkv)
+    group = h // hkv
+    kv_of = torch.arange(h) // group
     keys = k_pages[block_table].transpose(0, 1).reshape(hkv, -1, d)[:, :length][kv_of]  # (H, L, D)
     vals = v_pages[block_table].transpose(0, 1).reshape(hkv, -1, d)[:, :length][kv_of]
     s = (keys @ query[:, :, None]).squeeze(-1) / math.sqrt(d)  # (H, L)

@@ -58,10 +58,10 @@ def _shortcut_diff_sdpa(q, k, v, lam, is_causal=False):
 
 def _breaker_diff(q, k, v, lam, is_causal=False):
     """Each map multiplied by v on its own, then subtracted: the right output, v read twice."""
-    d = q.shape[-1] // 2
+    d = q.size(-1) // 2
     outs = []
-    for half in (slice(0, d), slice(d, 2 * d)):
-        s = q[..., half] @ k[..., half].transpose(-2, -1) / math.sqrt(d)
+    for part in (slice(0, d), slice(d, d + d)):
+        s = (q[..., part] @ k[..., part].mT) / math.sqrt(d)
         if is_causal:
             s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
         outs.append(s.softmax(dim=-1) @ v)
