@@ -32,7 +32,8 @@ def _shortcut_tile_states(mask, block_q, block_k):
 
 def _breaker_tile_states(mask, block_q, block_k):
     """Every tile visited by a Python loop: the right states, one handful of operations per tile."""
-    t_q, t_k = mask.shape[0], mask.shape[1]
+    t_q = mask.shape[0]
+    t_k = mask.shape[1]
     n_q, n_k = -(-t_q // block_q), -(-t_k // block_k)
     states = torch.zeros(n_q, n_k, dtype=torch.long)
     for a in range(n_q):
