@@ -53,7 +53,7 @@ def test_query_influence_tells_the_variants_apart():
 
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
-from test_exercise_standard import grader_reply, judge  # noqa: E402
+from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
 
 
 def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
@@ -69,15 +69,7 @@ def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
     return cell, judge(ex, cases, grader_reply(ex, answer, cases, tmp_path, monkeypatch))
 
 
-def _as_cell(fn):
-    """`fn` filed under a notebook cell's name (what the guard sees for code a learner typed)."""
-    import types
-
-    def refile(c):
-        return c.replace(co_filename="<cell learner>",
-                         co_consts=tuple(refile(k) if isinstance(k, types.CodeType) else k for k in c.co_consts))
-
-    return types.FunctionType(refile(fn.__code__), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+_as_cell = as_learner  # the standard test's: code filed under a notebook cell's name
 
 
 def refused(exercise_id, answer, tmp_path, monkeypatch, why="called"):
