@@ -15,32 +15,11 @@ from attncourse.classroom import checks
 from attncourse.classroom.grading.remote import judge
 from attncourse.classroom.nbtools import ROOT
 from test_exercise_standard import as_learner, grader_reply
-
-NOT_THE_WAY = "not the way this exercise asks"
-
-
-def failure(exercise_id, answer):
-    with pytest.raises(checks.CheckFailed) as info:
-        checks.check(exercise_id, answer)
-    return str(info.value)
+from exercise_routes import NOT_THE_WAY, accepted, failure  # noqa: E402,F401
+from exercise_routes import refused as _refused  # noqa: E402
 
 
-def refused(exercise_id, answer, tmp_path, monkeypatch):
-    ex = checks.get(exercise_id)
-    learner = as_learner(answer)
-    msg = failure(exercise_id, learner)
-    cases = ex.make_cases()
-    status, graded = judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))
-    assert status in ("failed", "error"), (status, graded)
-    return msg, graded
-
-
-def accepted(exercise_id, answer, tmp_path, monkeypatch):
-    ex = checks.get(exercise_id)
-    learner = as_learner(answer)
-    checks.check(exercise_id, learner)
-    cases = ex.make_cases()
-    assert judge(ex, cases, grader_reply(ex, learner, cases, tmp_path, monkeypatch))[0] == "passed"
+refused = _refused
 
 
 @pytest.mark.parametrize("ex", [e for e in checks.exercises_for("09") if e.shortcuts or e.breakers], ids=lambda e: e.id)
