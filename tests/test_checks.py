@@ -214,3 +214,23 @@ def test_long_values_are_cut_between_items_never_mid_number():
     assert checks._brief((1,)) == "(1,)" and checks._brief({"a": (1, 2)}) == "{'a': (1, 2)}"
     cut = checks._cut("x" * 10 + " 123456789" * 60, 100)
     assert cut.endswith(" …") and cut[:-2].split()[-1] == "123456789"  # a whole number before the cut
+
+
+def test_uses_turns_an_unwritten_answer_into_one_note(capsys):
+    """A demo cell wrapped in `checks.uses` prints one note for a stub or an undefined answer, and re-raises
+    anything else (a learner's real error must still show)."""
+    ex = next(iter(checks.registry().values()))
+    with checks.uses(ex.id):
+        raise NotImplementedError
+    with checks.uses(ex.id):
+        raise NameError(f"name {ex.target!r} is not defined", name=ex.target)
+    out = capsys.readouterr().out
+    assert out.count("note:") == 2 and ex.id in out
+    with pytest.raises(NameError):
+        with checks.uses(ex.id):
+            raise NameError("name 'other' is not defined", name="other")
+    with pytest.raises(ValueError):
+        with checks.uses(ex.id):
+            raise ValueError("a real mistake")
+    with pytest.raises(KeyError):
+        checks.uses("99-no-such-exercise")

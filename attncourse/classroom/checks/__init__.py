@@ -49,7 +49,7 @@ import torch
 from . import forbidden
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
-           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property"]
+           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property", "uses"]
 
 # What an exercise asks of the learner. Every chapter has at least one of each (tests/test_exercise_standard.py).
 #   implement:  write a function the lesson did not show line by line; `forbid` names the library functions
@@ -171,6 +171,33 @@ def passed(exercise_id: str) -> bool:
     """Whether `exercise_id`'s check has passed in this kernel: a prediction's verify cell computes and shows
     the answer only then (``if passed("05-predict-kv-cache"): ...``)."""
     return _ALIASES.get(exercise_id, exercise_id) in _PASSED
+
+
+class uses:
+    """``with checks.uses("03-implement-sdpa"):`` around a cell that runs a learner's answer (a demo, a plot of
+    their function): while that answer is not written yet (its stub raises ``NotImplementedError``, or its name
+    is not defined), the cell prints one note and stops quietly instead of showing a traceback, so Run All on an
+    untouched exercise notebook stays calm. Every other error is shown as usual."""
+
+    def __init__(self, *exercise_ids: str):
+        if not exercise_ids:
+            raise TypeError("uses() needs at least one exercise id, e.g. uses('03-implement-sdpa')")
+        self.exercises = [get(i) for i in exercise_ids]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        targets = {ex.target for ex in self.exercises}
+        if err is None:
+            return False
+        waiting = isinstance(err, NotImplementedError) or (isinstance(err, NameError)
+                                                           and getattr(err, "name", None) in targets)
+        if not waiting:
+            return False
+        names = ", ".join(f"`{ex.target}` ({ex.id})" for ex in self.exercises)
+        print(f"note: this cell runs your answer {names}; it will show its result once that answer is written.")
+        return True
 
 
 def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind: str = "function",
