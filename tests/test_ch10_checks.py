@@ -310,3 +310,42 @@ def test_plain_pytorch_instead_of_triton_is_refused():
     """The exercise asks for Triton: a launcher rewritten in PyTorch tensor methods calls torch.exp and fails."""
     with pytest.raises(checks.CheckFailed, match="torch.exp"):
         checks.check("10-online-update", lse_update_torch)
+
+
+# ----------------------------------------------------------------------------- the capstone: the whole forward
+
+
+@triton.jit
+def _scores_kernel(Q, K, S, T, HEAD_DIM, scale, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A learner's half-way kernel: only the scores in Triton (one program per batch-head, T <= BLOCK)."""
+    bh = tl.program_id(0)
+    rows, dims = tl.arange(0, BLOCK), tl.arange(0, BLOCK_D)
+    ok = (rows[:, None] < T) & (dims[None, :] < HEAD_DIM)
+    q = tl.load(Q + bh * T * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], mask=ok, other=0.0)
+    kt = tl.load(K + bh * T * HEAD_DIM + rows[None, :] * HEAD_DIM + dims[:, None],
+                 mask=(rows[None, :] < T) & (dims[:, None] < HEAD_DIM), other=0.0)
+    s = tl.dot(q, kt) * scale
+    tl.store(S + bh * T * T + rows[:, None] * T + rows[None, :], s, mask=(rows[:, None] < T) & (rows[None, :] < T))
+
+
+def scores_in_kernel_softmax_outside(q, k, v, is_causal=False):
+    """The scores from a kernel, then the softmax, the causal mask and P @ V in PyTorch on the host."""
+    bh, t, d = q.shape
+    q, k, v = (x.float().contiguous() for x in (q, k, v))
+    s = torch.empty(bh, t, t)
+    _scores_kernel[(bh,)](q, k, s, t, d, 1.0 / math.sqrt(d), BLOCK=64, BLOCK_D=max(16, triton.next_power_of_2(d)))
+    if is_causal:
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = (s - m).exp()
+    return p @ v / p.sum(-1, keepdim=True), (m.squeeze(-1) + p.sum(-1).log())
+
+
+def test_forward_capstone_needs_the_whole_forward_in_the_kernel():
+    """A kernel launched for part of the work is not the exercise: the softmax and P @ V on the host are refused by
+    the property, and the package's forward kernel and the tiled PyTorch loop by the standard test's shortcut and
+    breaker."""
+    with pytest.raises(checks.CheckFailed, match="outside the kernel"):
+        checks.check("10-forward-kernel", as_learner(scores_in_kernel_softmax_outside))
+    out, lse = scores_in_kernel_softmax_outside(*checks.get("10-forward-kernel").make_cases()[0].args)
+    assert out.shape[-1] == 16 and lse.dim() == 2  # it computes the right numbers: only the property refuses it

@@ -340,3 +340,78 @@ def _split_experiment_cases():
     # deterministic, so a learner's own run matches the reference to the last bits.
     return [Case(f"seed {seed}", (seed,), expected=split_errors_reference(seed), rtol=1e-3, atol=0.0)
             for seed in (0, 2, 4)]
+
+
+# ----------------------------------------------------------------------------- 6. the capstone: the whole forward
+
+
+def _forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
+    """(out, lse) of softmax attention over (BH, T, D) inputs, in float64: the definition."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (BH, T, T)
+    if is_causal:
+        t = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), _NEG_INF)
+    return safe_softmax(scores) @ v, torch.logsumexp(scores, dim=-1)
+
+
+def _shortcut_forward_package(q, k, v, is_causal=False):
+    """The package's own forward kernel: must be refused."""
+    from attncourse import triton_common
+
+    if not torch.cuda.is_available():
+        triton_common.enable_interpreter()
+    from attncourse.triton_flash import triton_flash_attention_forward
+
+    return triton_flash_attention_forward(q, k, v, is_causal=is_causal)
+
+
+def _breaker_forward(q, k, v, is_causal=False):
+    """The tiled online softmax written in PyTorch, tile by tile: the right numbers, no kernel."""
+    bh, t, d = q.shape
+    m = torch.full((bh, t), _NEG_INF)
+    l, acc = torch.zeros(bh, t), torch.zeros(bh, t, d)
+    rows = torch.arange(t)[:, None]
+    for start in range(0, t, 16):
+        s = q @ k[:, start:start + 16].transpose(-2, -1) / math.sqrt(d)  # (BH, T, 16)
+        if is_causal:
+            s = s.masked_fill(torch.arange(start, min(start + 16, t))[None, :] > rows, _NEG_INF)
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        alpha = torch.exp(m - m_new)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ v[:, start:start + 16]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+
+
+@exercise("10-forward-kernel", "flash_forward", points=4, category="implement",
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=in_kernel,
+          prop_doc="the whole forward runs in the learner's Triton kernel: a launch on every case, no PyTorch "
+                   "arithmetic outside it",
+          breakers=(_breaker_forward,), shortcuts=(_shortcut_forward_package,),
+          hint="one program per (block of query rows, batch-head); per row keep the running max, the running sum and "
+               "an unnormalised output; for each key tile compute the scores on the tensor cores, hide the keys past "
+               "the end (and, causally, the keys after the row), update the max and rescale what you have before "
+               "adding the tile; divide once at the end and store the log-sum-exp too. Causally, a block of rows "
+               "never needs the tiles after its last row")
+def _forward_kernel_cases():
+    """Capstone, in Triton: FlashAttention's forward, one kernel, output and log-sum-exp."""
+    from attncourse import triton_common
+
+    gen = torch.Generator().manual_seed(11)
+    tol = triton_common.tolerance(torch.float32)  # the interpreter's float32, or TF32 on a GPU
+    cases = []
+    for name, (bh, t, d, causal, gain) in {
+        "causal, 2 batch-heads, T = 37 (a partial last tile), D = 16": (2, 37, 16, True, 1.0),
+        "no mask, T = 50, D = 32": (1, 50, 32, False, 1.0),
+        "causal, one tile: T = 16": (1, 16, 16, True, 1.0),
+        "causal, 3 batch-heads, T = 33, D = 8 (padded head dim)": (3, 33, 8, True, 1.0),
+        "causal, large scores (x 20): the running max matters": (1, 40, 16, True, 20.0),
+    }.items():
+        q = torch.randn(bh, t, d, generator=gen) * gain  # (BH, T, D)
+        k, v = torch.randn(bh, t, d, generator=gen), torch.randn(bh, t, d, generator=gen)
+        out, lse = _forward_reference(q, k, v, causal)
+        cases.append(Case(name, (q, k, v, causal), expected=(out.float(), lse.float()),
+                          rtol=max(tol["rtol"], 1e-4), atol=max(tol["atol"], 1e-4)))
+    return cases
