@@ -256,7 +256,8 @@ def test_decode_bug_routes_are_refused(tmp_path, monkeypatch):
     given = next(c.source for c in nb.cells if c.source.startswith("@triton.jit\ndef decode_kernel("))
     path = tmp_path / "given_decode.py"  # the notebook's buggy kernel and launcher, in a file of the learner's
     path.write_text("import torch, triton\nimport triton.language as tl\n"
-                    "from attncourse import scaled_dot_product_attention\n" + given)
+                    "from attncourse import scaled_dot_product_attention, triton_common\n"
+                    "DEVICE, TOL = triton_common.device(), triton_common.tolerance()\n" + given)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("given_decode", path)
