@@ -147,7 +147,7 @@ def test_prediction_counts_by_hand_and_verify_cell_waits():
     assert "blocks visited" in failure("14-predict-tiles", (64 * per_block + 1, keys))
     nb = nbformat.read(ROOT / "exercises" / "14_learned_sparse_attention.ipynb", as_version=4)
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and "selected_work" in cell.source:
+        if cell.cell_type == "code" and "selected_work(" in cell.source:
             assert cell.source.startswith('if passed("14-predict-tiles")'), i
 
 
