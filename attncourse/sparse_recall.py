@@ -1,0 +1,135 @@
+"""A small trained comparison for chapter 14: which keys does a query reach when it may read only a few?
+
+The task (associative recall with one needle): every position holds a (key id, value id) pair; the needle's key id
+appears once, somewhere before the last block; the last position holds that key id again and must output the
+needle's value id. Every other key id differs from it, so only the needle answers. One attention layer (one head,
+no positions: the needle can be anywhere) reads the sequence; the last query may read ``budget`` full-resolution
+keys, chosen by
+
+* ``dense``: every key (the reference: no budget);
+* ``window``: the last ``budget`` keys;
+* ``fixed``: the first block and the query's own block (a fixed block pattern: sink + local);
+* ``moba``: its own block and the top blocks by :math:`q \\cdot \\bar k_b` (:func:`attncourse.learned_sparse.moba_gate`);
+* ``nsa``: its own block and the top blocks by the compressed branch's probabilities, plus that compressed branch
+  itself, mixed by learned sigmoid gates (:func:`attncourse.learned_sparse.nsa_select`).
+
+The sparse methods are computed as dense attention under the selection's token mask (the lesson and the tests show
+it equals the tile loop), and no gradient flows through a top-k choice. :func:`train_recall` returns accuracy and
+the selection's recall: how often the chosen keys contain the needle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import _validate
+from .learned_sparse import blocks_to_mask, compressed_attention, moba_gate, n_blocks, nsa_select
+from .sdpa import scaled_dot_product_attention
+
+__all__ = ["METHODS", "RecallConfig", "recall_batch", "RecallModel", "train_recall"]
+
+METHODS = ("dense", "window", "fixed", "moba", "nsa")
+
+
+@dataclass
+class RecallConfig:
+    seq_len: int = 64
+    block_size: int = 8
+    budget: int = 16  # full-resolution keys the last query may read (a multiple of block_size)
+    n_keys: int = 24  # key ids; values are drawn from n_values ids
+    n_values: int = 16
+    d_model: int = 32
+    steps: int = 300
+    batch: int = 64
+    lr: float = 3e-3
+
+
+def recall_batch(cfg: RecallConfig, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor]:
+    """(keys (B, T), values (B, T), needle position (B,), answer (B,)) long tensors; the last position holds the
+    queried key id and value id n_values (a "blank")."""
+    t = cfg.seq_len
+    query_key = torch.randint(0, cfg.n_keys, (batch,), generator=gen)
+    keys = torch.randint(0, cfg.n_keys - 1, (batch, t), generator=gen)
+    keys = keys + (keys >= query_key[:, None]).long()  # every other key id differs from the queried one
+    values = torch.randint(0, cfg.n_values, (batch, t), generator=gen)
+    pos = torch.randint(0, t - cfg.block_size, (batch,), generator=gen)  # before the query's own block
+    rows = torch.arange(batch)
+    keys[rows, pos] = query_key
+    keys[:, -1] = query_key
+    values[:, -1] = cfg.n_values
+    return keys, values, pos, values[rows, pos]
+
+
+class RecallModel(nn.Module):
+    """Embeddings of (key id, value id), one attention head read at the last position, a linear read-out."""
+
+    def __init__(self, cfg: RecallConfig, method: str):
+        super().__init__()
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if cfg.budget % cfg.block_size or cfg.budget < cfg.block_size:
+            raise ValueError(f"budget ({cfg.budget}) must be a positive multiple of block_size ({cfg.block_size})")
+        self.cfg, self.method = cfg, method
+        d = cfg.d_model
+        self.key_emb = nn.Embedding(cfg.n_keys, d)
+        self.val_emb = nn.Embedding(cfg.n_values + 1, d)
+        self.wq, self.wk, self.wv = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.gate = nn.Linear(d, 2)  # nsa: sigmoid gates of the compressed and the selected branch
+        self.out = nn.Linear(d, cfg.n_values)
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (B, n_values) at the last position, allowed (B, T) bool: the keys the last query read)."""
+        cfg, t = self.cfg, keys.shape[1]
+        x = self.key_emb(keys) + self.val_emb(values)  # (B, T, d)
+        q, k, v = (w(x)[:, None] for w in (self.wq, self.wk, self.wv))  # (B, 1, T, d) one head
+        own = (t - 1) // cfg.block_size
+        n_sel = cfg.budget // cfg.block_size  # blocks of budget, the own block included
+        pos = torch.arange(t)
+        if self.method == "dense":
+            allowed = torch.ones(keys.shape[0], t, dtype=torch.bool)
+        elif self.method == "window":
+            allowed = (pos >= t - cfg.budget).expand(keys.shape[0], t)
+        elif self.method == "fixed":
+            first = pos < (n_sel - 1) * cfg.block_size
+            allowed = (first | (pos >= own * cfg.block_size)).expand(keys.shape[0], t)
+        else:
+            with torch.no_grad():  # the choice carries no gradient
+                if self.method == "moba":
+                    sel = moba_gate(q, k, cfg.block_size, n_sel)  # (B, 1, T, nB)
+                else:
+                    sel = nsa_select(compressed_attention(q, k, v, cfg.block_size)[1], 1, n_sel - 1, cfg.block_size)
+            allowed = blocks_to_mask(sel, cfg.block_size, t)[:, 0, -1]  # (B, T): the last query's keys
+        out = scaled_dot_product_attention(q[..., -1:, :], k, v, allowed[:, None, None, :])[:, 0, 0]  # (B, d)
+        if self.method == "nsa":
+            o_cmp = compressed_attention(q, k, v, cfg.block_size)[0][:, 0, -1]  # (B, d)
+            g = torch.sigmoid(self.gate(x[:, -1]))  # (B, 2)
+            out = g[:, :1] * o_cmp + g[:, 1:] * out
+        return self.out(out), allowed
+
+
+def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eval_batch: int = 512) -> dict[str, float]:
+    """Train `method` from `seed`; return ``accuracy`` and ``recall`` (share of held-out sequences whose read keys
+    hold the needle) on `eval_batch` fresh sequences, and ``keys_read`` (mean keys the last query read)."""
+    cfg = cfg or RecallConfig()
+    _validate.positive_int("eval_batch", eval_batch)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    model = RecallModel(cfg, method)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    for _ in range(cfg.steps):
+        keys, values, _, answer = recall_batch(cfg, cfg.batch, gen)
+        logits, _ = model(keys, values)
+        loss = nn.functional.cross_entropy(logits, answer)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        keys, values, pos, answer = recall_batch(cfg, eval_batch, torch.Generator().manual_seed(10_000 + seed))
+        logits, allowed = model(keys, values)
+    return {"accuracy": float((logits.argmax(-1) == answer).float().mean()),
+            "recall": float(allowed[torch.arange(eval_batch), pos].float().mean()),
+            "keys_read": float(allowed.sum(-1).float().mean()), "blocks": n_blocks(cfg.seq_len, cfg.block_size)}

@@ -1,0 +1,164 @@
+"""Chapter 14's checks refuse what a learner could hand in without the skill, by the check cell and by the grader;
+the right answers pass."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import nbformat
+import pytest
+import torch
+
+from attncourse import AttentionState, finalize_attention_state, online_attention_update
+from attncourse.classroom import checks
+from attncourse.classroom.nbtools import ROOT
+from exercise_routes import NOT_THE_WAY, accepted, failure, refused
+
+
+@pytest.mark.parametrize("ex", [e for e in checks.exercises_for("14") if e.shortcuts or e.breakers], ids=lambda e: e.id)
+def test_shortcuts_and_breakers_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
+    for shortcut in ex.shortcuts:
+        msg, graded = refused(ex.id, shortcut, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (shortcut.__name__, msg)
+    for breaker in ex.breakers:
+        msg, graded = refused(ex.id, breaker, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (breaker.__name__, msg)
+
+
+# ----------------------------------------------------------------------------- 1. the gate
+
+
+def moba_select(query, key, block_size, top_k):
+    b, h, t, d = query.shape
+    hkv = key.shape[1]
+    nb = -(-t // block_size)
+    padded = key.new_zeros(b, hkv, nb * block_size, d)
+    padded[:, :, :t] = key
+    sizes = torch.full((nb, 1), float(block_size), dtype=key.dtype)
+    sizes[-1] = t - (nb - 1) * block_size
+    means = (padded.view(b, hkv, nb, block_size, d).sum(3) / sizes).repeat_interleave(h // hkv, dim=1)
+    gate = query @ means.transpose(-2, -1)  # (B, H, T, nB)
+    own = torch.arange(t) // block_size
+    earlier = torch.arange(nb)[None, :] < own[:, None]
+    sel = torch.zeros(gate.shape, dtype=torch.bool)
+    if top_k > 1 and nb > 1:
+        sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices, True)
+        sel &= earlier
+    sel[..., torch.arange(t), own] = True
+    return sel
+
+
+def test_gate_right_answer(tmp_path, monkeypatch):
+    accepted("14-moba-gate", moba_select, tmp_path, monkeypatch)
+
+
+def test_gate_routes_refused(tmp_path, monkeypatch):
+    def elementwise_scores(query, key, block_size, top_k):  # every q.k by broadcasting, then block means
+        h, hkv, t = query.shape[1], key.shape[1], query.shape[2]
+        s = (query[..., :, None, :] * key.repeat_interleave(h // hkv, 1)[..., None, :, :]).sum(-1)  # (B, H, T, T)
+        nb = -(-t // block_size)
+        gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
+        own = torch.arange(t) // block_size
+        earlier = torch.arange(nb)[None, :] < own[:, None]
+        sel = torch.zeros(gate.shape, dtype=torch.bool)
+        if top_k > 1 and nb > 1:
+            sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), -1).indices, True)
+            sel &= earlier
+        sel[..., torch.arange(t), own] = True
+        return sel
+
+    def wrong_causality(query, key, block_size, top_k):  # competes the own block's mean (future keys in it)
+        sel = moba_select(query, key, block_size, top_k + 1)
+        return sel
+
+    msg, graded = refused("14-moba-gate", elementwise_scores, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
+    refused("14-moba-gate", wrong_causality, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 2. the bug
+
+
+def moba_attention_fixed(q, k, v, block_size, top_k):
+    h, t, d = q.shape
+    nb = -(-t // block_size)
+    means = torch.stack([k[:, i * block_size:(i + 1) * block_size].mean(1) for i in range(nb)], 1)
+    gate = q @ means.transpose(-2, -1)
+    own = torch.arange(t) // block_size
+    earlier = torch.arange(nb)[None, :] < own[:, None]
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for i in range(t):
+            chosen = {int(own[i])}
+            if top_k > 1 and nb > 1:
+                best = gate[hh, i].masked_fill(~earlier[i], -math.inf).topk(min(top_k - 1, nb - 1)).indices
+                chosen |= {b for b in best.tolist() if earlier[i, b]}
+            m0 = q.new_full((1,), -math.inf)
+            state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(1, v.shape[-1]))
+            for b in sorted(chosen):
+                k0, k1 = b * block_size, min((b + 1) * block_size, t)
+                s = q[hh, i:i + 1] @ k[hh, k0:k1].transpose(-2, -1) / math.sqrt(d)
+                if b == own[i]:
+                    s = s.masked_fill(torch.arange(k0, k1)[None, :] > i, -math.inf)
+                state = online_attention_update(state, s, v[hh, k0:k1])
+            out[hh, i] = finalize_attention_state(state)[0][0]
+    return out
+
+
+def test_bug_right_answer_and_library_routes(tmp_path, monkeypatch):
+    accepted("14-find-the-bug-1", moba_attention_fixed, tmp_path, monkeypatch)
+    from attncourse.learned_sparse import blocks_to_mask, moba_gate, selected_attention
+
+    def package(q, k, v, block, top_k):
+        sel = moba_gate(q[None], k[None], block, top_k)
+        return selected_attention(q[None], k[None], v[None], sel, block).out[0]
+
+    def by_hand_softmax(q, k, v, block, top_k):
+        sel = moba_gate(q[None], k[None], block, top_k)[0]
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~blocks_to_mask(sel, block, q.shape[1]),
+                                                                             -math.inf)
+        return torch.softmax(s, -1) @ v
+
+    for route in (package, by_hand_softmax):
+        assert "called" in refused("14-find-the-bug-1", route, tmp_path, monkeypatch)[0], route.__name__
+
+
+def test_bug_words_stay_out_of_the_notebooks():
+    ex = checks.get("14-find-the-bug-1")
+    for path in (ROOT / "exercises" / "14_learned_sparse_attention.ipynb",
+                 ROOT / "notebooks" / "14_learned_sparse_attention.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(c.source for c in nb.cells if "solution-only" not in c.metadata.get("tags", []))
+        for word in ex.bug_words:
+            assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", text, flags=re.IGNORECASE), (path.name, word)
+
+
+# ----------------------------------------------------------------------------- 3. predict
+
+
+def test_prediction_counts_by_hand_and_verify_cell_waits():
+    from attncourse.classroom.checks.ch14 import tiles_reference
+
+    per_block = sum(min(8, i + 1) for i in range(64))  # blocks read by one query of block i, summed over blocks
+    keys = 64 * sum(r + 1 for r in range(64)) + 64 * 64 * sum(min(8, i + 1) - 1 for i in range(64))
+    assert tiles_reference(4096, 64, 8) == (64 * per_block, keys)
+    checks.check("14-predict-tiles", (64 * per_block, keys))
+    assert "blocks visited" in failure("14-predict-tiles", (64 * per_block + 1, keys))
+    nb = nbformat.read(ROOT / "exercises" / "14_learned_sparse_attention.ipynb", as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "selected_work(" in cell.source:
+            assert cell.source.startswith('if passed("14-predict-tiles")'), i
+
+
+# ----------------------------------------------------------------------------- 4. experiment
+
+
+def test_recall_reference_called_and_constants_refused():
+    from attncourse.classroom.checks.ch14 import selection_recall_reference
+
+    assert "called" in failure("14-selection-recall", selection_recall_reference)
+    cases = checks.get("14-selection-recall").make_cases()
+    table = {k: sum(c.expected for c in cases if c.args[1] == k) / 3 for k in (2, 4, 8)}
+    failure("14-selection-recall", lambda seed, top_k: table[top_k])  # one value per top_k, read off the cases
+    failure("14-selection-recall", lambda seed, top_k: (top_k - 1) / 15)  # chance: the needle has signal
