@@ -160,10 +160,16 @@ class SinkWindowCache(_Cache):
             return int(position)
         return self.n_sink + (int(position) - self.n_sink) % self.window
 
+    def __len__(self) -> int:
+        """Live keys: those a future query can still see (at most n_sink + window - 1). Once the ring is full,
+        one more slot holds the key exactly `window` positions back, which the next token overwrites."""
+        stored = self.slot_positions[:self.filled]
+        return int(((stored < self.n_sink) | (stored > self.seen - self.window)).sum())
+
     @property
     def max_size(self) -> int:
-        """Slots in the buffer: n_sink + window (the oldest window key is overwritten by the next token)."""
-        return self.capacity
+        """The most live keys between steps: n_sink + window - 1 (the buffer has one slot more)."""
+        return self.n_sink + self.window - 1
 
     def _plan(self, t_new: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Absolute positions (S,) of the keys the next update returns, and for a chunk the stored slots it

@@ -88,7 +88,7 @@ def test_rolling_cache_equals_masked_full_attention(n_sink, window, n_kv_heads, 
     got = decode_in_chunks(mha, x, cache, chunks, mask_mod)
     full = mha(x, attn_mask=masks.materialize(mask_mod, 20, 20))
     torch.testing.assert_close(got, full)
-    assert len(cache) <= cache.max_size == n_sink + window
+    assert len(cache) <= cache.max_size == n_sink + window - 1 and cache.capacity == n_sink + window
 
 
 def test_rolling_cache_stays_bounded_and_keeps_the_right_positions():
@@ -100,7 +100,7 @@ def test_rolling_cache_stays_bounded_and_keeps_the_right_positions():
         keys, _ = cache.update(k, k)
         assert keys[0, 0, :, 0].tolist() == [float(p) for p in expected]
         sizes.append(len(cache))
-    assert max(sizes) == 6 and sizes[-1] == 6
+    assert max(sizes) == 5 and sizes[-1] == 5  # live keys; the buffer has 6 slots
     # ring order: token p >= 2 sits in slot 2 + (p - 2) % 4, so 26..29 fill slots 2..5 in order here
     assert cache.positions.tolist() == [0, 1, 26, 27, 28, 29]
     assert cache.k[0, 0, :, 0].tolist() == [0.0, 1.0, 26.0, 27.0, 28.0, 29.0]
