@@ -160,11 +160,16 @@ class SinkWindowCache(_Cache):
             return int(position)
         return self.n_sink + (int(position) - self.n_sink) % self.window
 
-    def __len__(self) -> int:
-        """Live keys: those a future query can still see (at most n_sink + window - 1). Once the ring is full,
-        one more slot holds the key exactly `window` positions back, which the next token overwrites."""
+    def live_positions(self) -> torch.Tensor:
+        """(S_live,) absolute positions, in slot order, of the stored keys a future query can still see: the
+        sinks and the last ``window - 1`` tokens. Once the ring is full one more slot holds the key exactly
+        `window` positions back, which the next token overwrites."""
         stored = self.slot_positions[:self.filled]
-        return int(((stored < self.n_sink) | (stored > self.seen - self.window)).sum())
+        return stored[(stored < self.n_sink) | (stored > self.seen - self.window)]
+
+    def __len__(self) -> int:
+        """Live keys (at most n_sink + window - 1): see :meth:`live_positions`."""
+        return len(self.live_positions())
 
     @property
     def max_size(self) -> int:
