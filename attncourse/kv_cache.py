@@ -216,6 +216,7 @@ class SinkWindowCache(_Cache):
         new_pos = torch.arange(self.seen, self.seen + t_new)  # (T_new,) absolute
         if t_new > 1:
             _, idx = self._plan(t_new)
+            idx = idx.to(self.k.device)
             out_k = torch.cat([self.k.index_select(2, idx), k], dim=2)  # (B, Hkv, S, D): a chunk's own copy
             out_v = torch.cat([self.v.index_select(2, idx), v], dim=2)
         # Only the sinks and the last `window` new tokens survive; their slots are distinct.
