@@ -81,32 +81,54 @@ def cached_step_seconds(model: GPT, context_len: int, repeats: int = 15, batch_s
 @torch.no_grad()
 def prefill_vs_decode(model: GPT, context_len: int, n_new: int = 16, *, repeats: int = 3,
                       batch_size: int = 1) -> dict[str, float]:
-    """Tokens per second of prefill (the whole prompt of `context_len` tokens in one forward) and of
-    decode (`n_new` tokens, one forward each, with the KV cache), best of `repeats`.
+    """Tokens per second of prefill (the whole prompt of `context_len` tokens in one forward, best of
+    `repeats`) and of decode (`n_new` tokens, one forward each, with the KV cache), from the **median**
+    decode step over all `repeats` x `n_new` steps, each timed on its own.
+
+    Why the median: on a shared machine a few steps are preempted (milliseconds each, every few steps under
+    load), and a mean over a run absorbs them; the median of single steps does not
+    (:func:`decode_step_times` returns every step, to show the difference).
 
     Prefill pushes many tokens through each weight matrix per read (matrix-matrix products: compute-bound
     on real hardware); decode pushes one (matrix-vector products: bound by reading weights and cache on a
     model too large for the processor's caches, see :mod:`attncourse.roofline`). On a tiny model whose
     weights sit in cache the gap is per-call overhead instead: a forward costs about the same for 1 token
-    as for 16.
+    as for 16. Raises ValueError for a non-positive size.
     """
     for name, v in (("context_len", context_len), ("n_new", n_new), ("repeats", repeats),
                     ("batch_size", batch_size)):
         _validate.positive_int(name, v)
+    best_prefill, steps = _prefill_and_steps(model, context_len, n_new, repeats, batch_size)
+    return {"prefill_tokens_per_s": batch_size * context_len / best_prefill,
+            "decode_tokens_per_s": batch_size / float(steps.median())}
+
+
+@torch.no_grad()
+def _prefill_and_steps(model: GPT, context_len: int, n_new: int, repeats: int, batch_size: int
+                       ) -> tuple[float, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, context_len), generator=gen)
-    best_prefill = best_decode = float("inf")
+    best_prefill, steps = float("inf"), []
     for _ in range(repeats):
         caches = model.new_caches(batch_size, context_len + n_new)
         start = time.perf_counter()
         logits = model(prompt, caches)  # (B, T0, V): one forward over the whole prompt
         best_prefill = min(best_prefill, time.perf_counter() - start)
-        start = time.perf_counter()
         for _ in range(n_new):
+            start = time.perf_counter()
             logits = model(logits[:, -1:].argmax(-1), caches)  # (B, 1) -> (B, 1, V)
-        best_decode = min(best_decode, time.perf_counter() - start)
-    return {"prefill_tokens_per_s": batch_size * context_len / best_prefill,
-            "decode_tokens_per_s": batch_size * n_new / best_decode}
+            steps.append(time.perf_counter() - start)
+    return best_prefill, torch.tensor(steps, dtype=torch.float64)
+
+
+def decode_step_times(model: GPT, context_len: int, n_new: int = 16, *, repeats: int = 3,
+                      batch_size: int = 1) -> torch.Tensor:
+    """Seconds of every cached decode step, (repeats * n_new,) float64, in the order they ran (each run starts
+    with a fresh prefill of `context_len` tokens, not timed here). Raises ValueError for a non-positive size."""
+    for name, v in (("context_len", context_len), ("n_new", n_new), ("repeats", repeats),
+                    ("batch_size", batch_size)):
+        _validate.positive_int(name, v)
+    return _prefill_and_steps(model, context_len, n_new, repeats, batch_size)[1]
 
 
 def main() -> None:  # pragma: no cover - prints timings

@@ -171,3 +171,45 @@ if __name__ == "__main__":  # pragma: no cover - a demo that draws
         }
     )
     plt.show()
+
+
+def _check_parents(parents) -> list[int]:
+    if isinstance(parents, torch.Tensor):
+        parents = parents.tolist()
+    if not isinstance(parents, (list, tuple)) or not parents:
+        raise TypeError(f"parents must be a non-empty list of ints, got {type(parents).__name__}")
+    out = []
+    for i, p in enumerate(parents):
+        if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
+            raise ValueError(f"parents[{i}] must be an int with -1 <= parent < {i} (nodes listed after their "
+                             f"parent, -1 for a root), got {p!r} in parents of length {len(parents)}")
+        out.append(p)
+    return out
+
+
+def tree_depths(parents) -> torch.Tensor:
+    """(n,) long: the depth of each node of a token tree (0 for a root), given ``parents[i]`` (-1 for a root,
+    else the index of an earlier node). A node's position in the sequence is the cache length plus its depth.
+
+    Raises TypeError for a non-list, ValueError for a parent that is not an earlier node."""
+    parents = _check_parents(parents)
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return torch.tensor(depth, dtype=torch.long)
+
+
+def tree_mask(parents) -> torch.Tensor:
+    """Bool (n, n) mask of **tree attention** (speculative decoding's verification of a tree of draft tokens):
+    node i may attend to node j iff j is i or one of its ancestors, so each branch sees exactly the tokens of
+    its own path, as if it had been decoded alone. ``parents[i]`` is -1 for a root, else an earlier node.
+    A chain ``[-1, 0, 1, ...]`` gives the causal mask. Queries are rows, keys columns.
+
+    Raises TypeError for a non-list, ValueError for a parent that is not an earlier node."""
+    parents = _check_parents(parents)
+    n = len(parents)
+    keep = torch.eye(n, dtype=torch.bool)  # (n, n): every node sees itself
+    for i, p in enumerate(parents):
+        if p >= 0:
+            keep[i] |= keep[p]  # and everything its parent sees: the ancestors
+    return keep

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import _validate
 from .gpt import GPT
 from .kv_cache import SinkWindowCache
-from .masks import attention_sink, materialize
+from .masks import attention_sink, materialize, materialize_at
 from .mha import merge_heads, repeat_kv
 from .positions import apply_rope
 from .sdpa import safe_softmax
@@ -90,8 +90,8 @@ def streaming_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int,
                      ) -> torch.Tensor:
     """Logits (B, T, V) of `tokens` (B, T) streamed through a sink + window cache, in one forward.
 
-    Equal to decoding token by token through the cache (:func:`stream_decode_logits`; for RoPE, to a cache
-    that stores keys before rotating them, as StreamingLLM's does: tests/test_sinks.py). With
+    Equal to decoding token by token through the cache (:func:`stream_decode_logits`; for RoPE, through ring
+    buffers that store keys before rotating them, as StreamingLLM's does: tests/test_sinks.py). With
     ``reindex=False`` the keys keep their stream positions (the mask alone bounds the cache).
     """
     _validate.tensor("tokens", tokens, min_rank=2)
@@ -123,16 +123,47 @@ def streaming_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int,
     return model.head(model.norm(x))  # (B, T, V)
 
 
+def _rope_decode_block(block, x: torch.Tensor, cache: SinkWindowCache) -> torch.Tensor:
+    """One pre-norm block of a RoPE model for one new token x (B, 1, d), through a cache of **unrotated** keys.
+
+    StreamingLLM's RoPE cache: the cache stores keys before rotation; at every step the query is rotated at its
+    position inside the cache and every cached key at its own (:meth:`SinkWindowCache.key_positions` with
+    ``reindex=True``: ranks, in the ring's slot order), so no distance exceeds the cache.
+    """
+    attn = block.attn
+    q_pos, k_pos = cache.query_positions(1), cache.key_positions(1)  # (1,), (S,) inside the cache
+    mask = materialize_at(attention_sink(cache.n_sink, cache.window), q_pos, k_pos)  # (1, S)
+    q, k, v = attn.project_qkv(block.norm1(x))  # (B, H, 1, D), (B, Hkv, 1, D), (B, Hkv, 1, D): not rotated
+    keys, values = cache.update(k, v)  # (B, Hkv, S, D): views of the ring buffer, unrotated
+    q = apply_rope(q, q_pos.to(q.device), inv_freq=attn.inv_freq) * attn.rope_factor  # (B, H, 1, D)
+    keys = apply_rope(keys, k_pos.to(q.device), inv_freq=attn.inv_freq) * attn.rope_factor  # re-rotated copy
+    keys, values = repeat_kv(keys, attn.n_rep), repeat_kv(values, attn.n_rep)  # (B, H, S, D)
+    scores = (q @ keys.transpose(-2, -1)) * attn.head_dim ** -0.5  # (B, H, 1, S)
+    out = safe_softmax(scores.masked_fill(~mask.to(q.device), float("-inf"))) @ values  # (B, H, 1, D)
+    x = x + attn.o_proj(merge_heads(out))  # (B, 1, d)
+    return x + block.ff(block.norm2(x))
+
+
 @torch.no_grad()
 def stream_decode_logits(model: GPT, tokens: torch.Tensor, window: int, n_sink: int, *, reindex: bool = True
                          ) -> torch.Tensor:
     """The same logits (B, T, V), one token at a time through :func:`streaming_caches` (slow; the reference).
 
-    Not for RoPE with `reindex`: the course's attention stores keys already rotated at stream positions."""
-    if model.config.position == "rope" and reindex:
-        raise ValueError("a RoPE model's cache holds keys rotated at their stream positions: decode it with "
-                         "reindex=False, or use streaming_logits")
+    A RoPE model with `reindex` decodes as StreamingLLM does: its caches hold keys **before** rotation and
+    every step rotates them by their position inside the cache (:func:`_rope_decode_block`); otherwise the
+    model's own cached forward runs (keys rotated once, at their stream positions)."""
+    _validate.tensor("tokens", tokens, min_rank=2)
     caches = streaming_caches(model, tokens.shape[0], window, n_sink, reindex=reindex)
+    if model.config.position == "rope" and reindex:
+        if not model.blocks[0].norm_first:
+            raise ValueError("stream_decode_logits re-rotates RoPE keys for the GPT's pre-norm blocks only")
+        out = []
+        for i in range(tokens.shape[1]):
+            x = model.embed(tokens[:, i:i + 1], torch.tensor([i], device=tokens.device))  # (B, 1, d)
+            for block, cache in zip(model.blocks, caches):
+                x = _rope_decode_block(block, x, cache)
+            out.append(model.head(model.norm(x)))  # (B, 1, V)
+        return torch.cat(out, dim=1)
     return torch.cat([model(tokens[:, i:i + 1], caches) for i in range(tokens.shape[1])], dim=1)
 
 

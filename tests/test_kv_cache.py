@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from attncourse import MultiHeadAttention, masks
 from attncourse.kv_cache import KVCache, SinkWindowCache, caches_for
+from attncourse.chunked import peak_tensor_bytes
 from attncourse.gpt import GPTConfig
 
 
@@ -87,7 +88,7 @@ def test_rolling_cache_equals_masked_full_attention(n_sink, window, n_kv_heads, 
     got = decode_in_chunks(mha, x, cache, chunks, mask_mod)
     full = mha(x, attn_mask=masks.materialize(mask_mod, 20, 20))
     torch.testing.assert_close(got, full)
-    assert len(cache) <= cache.max_size == n_sink + window - 1
+    assert len(cache) <= cache.max_size == n_sink + window - 1 and cache.capacity == n_sink + window
 
 
 def test_rolling_cache_stays_bounded_and_keeps_the_right_positions():
@@ -99,20 +100,74 @@ def test_rolling_cache_stays_bounded_and_keeps_the_right_positions():
         keys, _ = cache.update(k, k)
         assert keys[0, 0, :, 0].tolist() == [float(p) for p in expected]
         sizes.append(len(cache))
-    assert max(sizes) == 5 and sizes[-1] == 5
-    assert cache.positions.tolist() == [0, 1, 27, 28, 29]
-    assert cache.k[0, 0, :, 0].tolist() == [0.0, 1.0, 27.0, 28.0, 29.0]
-    assert cache.nbytes == 2 * 5 * 2 * 4
-    # what the next query attends over: the sinks and the last window (its own key included)
-    assert cache.key_positions(1).tolist() == [0, 1, 27, 28, 29, 30]
+    assert max(sizes) == 5 and sizes[-1] == 5  # live keys; the buffer has 6 slots
+    # ring order: token p >= 2 sits in slot 2 + (p - 2) % 4, so 26..29 fill slots 2..5 in order here
+    assert cache.positions.tolist() == [0, 1, 26, 27, 28, 29]
+    assert cache.k[0, 0, :, 0].tolist() == [0.0, 1.0, 26.0, 27.0, 28.0, 29.0]
+    assert cache.nbytes == 2 * 6 * 2 * 4
+    # the next token overwrites 26 (slot 2): the query sees the sinks and the last window, its own key included
+    assert cache.key_positions(1).tolist() == [0, 1, 30, 27, 28, 29]
     assert cache.attn_mask(1, masks.attention_sink(2, 4)).all()
+    cache.update(torch.full((1, 1, 1, 2), 30.0), torch.zeros(1, 1, 1, 2))
+    assert cache.positions.tolist() == [0, 1, 30, 27, 28, 29]  # out of temporal order
+    assert cache.slot_of(31) == 3 and cache.slot_of(1) == 1
+
+
+def test_ring_buffer_writes_token_p_to_slot_p_mod_w():
+    cache = SinkWindowCache(1, 1, 1, window=5)  # Mistral's rolling buffer: no sinks
+    for t in range(13):
+        cache.update(torch.full((1, 1, 1, 1), float(t)), torch.zeros(1, 1, 1, 1))
+        assert cache.slot_positions[t % 5] == t
+    assert cache.positions.tolist() == [10, 11, 12, 8, 9]
+    assert cache.k[0, 0, :, 0].tolist() == [10.0, 11.0, 12.0, 8.0, 9.0]
+
+
+def test_decode_step_allocates_no_cache_storage():
+    cache = SinkWindowCache(2, 2, 8, window=16, n_sink=4)
+    for _ in range(40):  # wrap the ring twice
+        cache.update(torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8))
+    buf_k, buf_v = cache.k.data_ptr(), cache.v.data_ptr()
+    k_new, v_new = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
+    (keys, values), peak = peak_tensor_bytes(cache.update, k_new, v_new)
+    one_token = k_new.numel() * k_new.element_size()
+    assert peak < one_token, f"a decode step created {peak} bytes of tensors"  # no copy of the window
+    assert cache.k.data_ptr() == buf_k and cache.v.data_ptr() == buf_v  # the same buffers
+    assert keys.untyped_storage().data_ptr() == buf_k and values.untyped_storage().data_ptr() == buf_v  # views
+    assert keys.shape == (2, 2, 20, 8)
+
+
+def test_the_old_concatenating_cache_would_fail_the_allocation_test():
+    """The test above can fail: a cache that concatenates and gathers creates a window's worth of bytes."""
+    k_old, k_new = torch.randn(2, 2, 19, 8), torch.randn(2, 2, 1, 8)
+
+    def cat_and_gather(k_new):
+        k = torch.cat([k_old, k_new], dim=2)
+        return k[:, :, torch.arange(20) >= 1]
+
+    _, peak = peak_tensor_bytes(cat_and_gather, k_new)
+    assert peak >= k_old.numel() * k_old.element_size()
+
+
+def test_chunk_updates_match_one_token_updates():
+    torch.manual_seed(0)
+    ks = torch.randn(1, 2, 23, 3)
+    a, b = SinkWindowCache(1, 2, 3, window=4, n_sink=2), SinkWindowCache(1, 2, 3, window=4, n_sink=2)
+    for t in range(23):
+        a.update(ks[:, :, t:t + 1], ks[:, :, t:t + 1])
+    start = 0
+    for size in (9, 1, 6, 7):
+        b.update(ks[:, :, start:start + size], ks[:, :, start:start + size])
+        start += size
+    assert a.positions.tolist() == b.positions.tolist()
+    torch.testing.assert_close(a.k, b.k)
 
 
 def test_decode_step_sees_exactly_sinks_plus_window():
     cache = SinkWindowCache(1, 1, 2, window=3, n_sink=1)
     for t in range(10):
         keys, _ = cache.update(torch.full((1, 1, 1, 2), float(t)), torch.zeros(1, 1, 1, 2))
-    assert keys[0, 0, :, 0].tolist() == [0.0, 7.0, 8.0, 9.0]  # sink 0, then 7, 8 and the new 9
+    assert sorted(keys[0, 0, :, 0].tolist()) == [0.0, 7.0, 8.0, 9.0]  # sink 0, then 7, 8 and the new 9 (slot order)
+    assert keys[0, 0, :, 0].tolist() == [0.0, 7.0, 8.0, 9.0][:1] + [float(p) for p in cache.positions[1:].tolist()]
 
 
 def test_caches_for_config():

@@ -65,3 +65,48 @@ def test_to_additive():
 def test_bad_input(call, exc, words):
     with pytest.raises(exc, match=words):
         call()
+
+
+def test_tree_mask_is_ancestry_and_a_chain_is_causal():
+    parents = [-1, 0, 0, 1, 1, 2, -1, 6]
+    keep = masks.tree_mask(parents)
+    for i in range(len(parents)):
+        ancestors, j = {i}, parents[i]
+        while j >= 0:
+            ancestors.add(j)
+            j = parents[j]
+        assert keep[i].nonzero().flatten().tolist() == sorted(ancestors)
+    assert masks.tree_depths(parents).tolist() == [0, 1, 1, 2, 2, 2, 0, 1]
+    chain = masks.tree_mask([-1, 0, 1, 2, 3])
+    assert torch.equal(chain, masks.materialize(masks.causal, 5, 5))
+    with pytest.raises(ValueError, match="parents\\[2\\]"):
+        masks.tree_mask([-1, 0, 2])
+    with pytest.raises(TypeError, match="parents"):
+        masks.tree_mask("abc")
+
+
+def test_tree_attention_equals_each_branch_decoded_alone():
+    from attncourse import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=32, d_model=32, n_heads=4, n_layers=2, position="learned")).eval()
+    prompt, draft = torch.randint(0, 20, (1, 9)), torch.randint(0, 20, (1, 6))
+    parents = [-1, 0, 0, 1, 1, 2]
+    with torch.no_grad():
+        caches = model.new_caches(1, 15)
+        model(prompt, caches)
+        mask = torch.cat([torch.ones(6, 9, dtype=torch.bool), masks.tree_mask(parents)], dim=1)  # (6, 9 + 6)
+        x = model.embed(draft, 9 + masks.tree_depths(parents))
+        for block, cache in zip(model.blocks, caches):
+            x = block(x, attn_mask=mask, kv_cache=cache)
+        tree_logits = model.head(model.norm(x))  # (1, 6, V)
+        for path in ([0, 1, 3], [0, 1, 4], [0, 2, 5]):
+            alone = model(torch.cat([prompt, draft[:, path]], dim=1))[:, 9:]  # (1, 3, V)
+            torch.testing.assert_close(tree_logits[:, path], alone, rtol=1e-5, atol=1e-5)
+        # and the test can fail: a causal mask over the 6 drafts mixes the branches
+        x = model.embed(draft, 9 + masks.tree_depths(parents))
+        caches = model.new_caches(1, 15)
+        model(prompt, caches)
+        for block, cache in zip(model.blocks, caches):
+            x = block(x, attn_mask=torch.ones(6, 15, dtype=torch.bool).tril(9), kv_cache=cache)
+        assert not torch.allclose(model.head(model.norm(x))[:, [0, 2, 5]],
+                                  model(torch.cat([prompt, draft[:, [0, 2, 5]]], dim=1))[:, 9:], atol=1e-4)

@@ -27,6 +27,19 @@ def test_one_forward_equals_token_by_token_streaming(position, reindex, window, 
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("window,n_sink", [(5, 2), (4, 0), (6, 1), (1, 3), (40, 4)])
+def test_rope_cache_of_unrotated_keys_equals_the_one_forward(window, n_sink):
+    """StreamingLLM's RoPE cache: keys stored before rotation, rotated by their rank inside the cache."""
+    model = tiny("rope")
+    tokens = torch.randint(0, 20, (2, 23), generator=torch.Generator().manual_seed(1))
+    fast = streaming_logits(model, tokens, window, n_sink)
+    slow = stream_decode_logits(model, tokens, window, n_sink)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+    if window < 23:  # and it is not the cache of rotated keys: distances to the sinks differ
+        assert not torch.allclose(fast, stream_decode_logits(model, tokens, window, n_sink, reindex=False),
+                                  atol=1e-4) or n_sink == 0
+
+
 def test_without_eviction_streaming_is_the_full_forward():
     model = tiny("alibi")
     tokens = torch.randint(0, 20, (1, 12))
@@ -53,8 +66,9 @@ def test_reindexed_cache_reports_positions_inside_the_cache():
     cache = SinkWindowCache(1, 1, 2, window=3, n_sink=1, reindex=True)
     for _ in range(10):
         cache.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
-    assert cache.positions.tolist() == [0, 8, 9]  # absolute: what was kept
-    assert cache.query_positions(1).tolist() == [3] and cache.key_positions(1).tolist() == [0, 1, 2, 3]
+    assert cache.positions.tolist() == [0, 7, 8, 9]  # absolute, slot order: 7 is overwritten next
+    # the next token (10) lands in 7's slot: slot order [0, 10, 8, 9], ranks inside the cache [0, 3, 1, 2]
+    assert cache.query_positions(1).tolist() == [3] and cache.key_positions(1).tolist() == [0, 3, 1, 2]
     assert cache.seen == 10
     with pytest.raises(TypeError, match="reindex"):
         SinkWindowCache(1, 1, 2, window=3, reindex=1)
