@@ -128,6 +128,8 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8))  # (T, chunk): 4
 
 
 @exercise("13-chunked-decay", "chunked_decay_attention", points=3, category="implement",
+          forbid=("attncourse.linear_attention.chunked", "attncourse.linear_attention.parallel",
+                  "attncourse.linear_attention.recurrent", "attncourse.linear_attention.decay_mask"),
           allow=(), ops=("attention", "softmax", "logsumexp"),
           shortcuts=(_shortcut_chunked, _shortcut_parallel), prop=_chunk_by_chunk,
           breakers=(_breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
@@ -185,7 +187,7 @@ def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
                      "forgot the decay", "forgets the decay", "without its decay", "q * gi.exp()", "q_c * gi.exp()",
                      "q_c * g_c.exp()", "q * g.exp()", "inter-chunk term is not decayed"),
           title="Fix a chunked gated delta rule",
-          hint="run it with g = 0 and then with decays: which cases fail? Follow what reaches token r of a chunk from "
+          hint="run it without decay (g zero) and then with decays: which cases fail? Follow what reaches token r of a chunk from "
                "the chunks before it: the state at the chunk's start, then every step up to r")
 def _gdn_bug():
     """Fix a chunkwise gated delta rule that agrees with the recurrence in some cases only."""
@@ -215,7 +217,7 @@ def predicted_reference() -> tuple[float, float, float]:
           parts=PREDICT_PARTS,
           hint="per token, an attention layer caches a key and a value for each KV head; a Gated DeltaNet layer holds "
                "one (key dim x value dim) matrix per head whatever the length. Count the layers of each kind, then "
-               "the bytes of bfloat16; 1 MiB = 2^20 bytes. The break-even length compares one layer of each kind")
+               "the bytes of bfloat16 (a MiB is 2^20 bytes). The break-even length compares one layer of each kind")
 def _predict():
     """Predict the KV cache and the state of a 3:1 hybrid at 32k tokens, and where one layer of each breaks even."""
     return [Case("(kv_cache_MiB, state_MiB, break_even_tokens)", expected=predicted_reference(), rtol=1e-3,
