@@ -1,0 +1,242 @@
+"""Checks for chapter 13, attention without the softmax (solutions/13_linear_attention.ipynb).
+
+Expected values come from the package (:mod:`attncourse.linear_attention`, :mod:`attncourse.recall`,
+:mod:`attncourse.hybrid`) in float64, never from a copy of the solution.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attncourse import linear_attention as la
+from attncourse.hybrid import attention_layers, HybridConfig, linear_layers
+from attncourse.recall import memory_recall
+from . import Case, exercise
+
+# The toy hybrid of exercise 3: 32 layers, one softmax-attention layer (GQA) after every three Gated DeltaNet layers.
+PREDICT_MODEL = HybridConfig("exercise 3's hybrid", (
+    attention_layers("attention", 8, n_kv_heads=4, head_dim=128),
+    linear_layers("Gated DeltaNet", 24, n_heads=16, key_dim=128, value_dim=128)), "chapter 13, exercise 3")
+PREDICT_LEN = 32768
+PREDICT_PARTS = ("kv_cache_MiB", "state_MiB", "break_even_tokens")
+
+
+def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+def _inputs(gen, B, H, T, Dk, Dv, delta=False):
+    q = _randn(gen, B, H, T, Dk)
+    k = F.normalize(_randn(gen, B, H, T, Dk), dim=-1)
+    v = _randn(gen, B, H, T, Dv)
+    g = F.logsigmoid(_randn(gen, B, H, T) + 2.0)  # log-decays in (-inf, 0), most near 0
+    if not delta:
+        return q, k, v, g
+    return q, k, v, g, torch.rand(B, H, T, generator=gen, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------- the property: chunk by chunk
+
+
+def _chunks(run) -> tuple[int, int, int]:
+    q, chunk = run.case.args[0], run.case.args[-1]
+    T = q.shape[2]
+    return T, chunk, -(-T // chunk)
+
+
+def _work(run) -> int:
+    return sum((run.trace or {}).get("counts", {}).values()) + (run.trace or {}).get("dropped", 0)
+
+
+def _chunk_by_chunk(runs) -> str | None:
+    """Only the state crosses a chunk boundary: no tensor relates more than a chunk of positions to a chunk or
+    more of others (no (T, T) scores, no chunk of queries against all earlier keys), and the work does not grow
+    with the tokens per chunk (no loop over tokens)."""
+    for run in runs:
+        T, chunk, _ = _chunks(run)
+        for name, _launch, _helper, tensors in (run.trace or {}).get("ops", []):
+            for _label, _offset, shape, _stride in tensors:
+                dims = sorted(shape[-2:], reverse=True)  # the matrix an operator works on; leading dims batch it
+                if len(dims) == 2 and dims[0] > chunk and dims[1] >= chunk:
+                    return (f"case '{run.case.name}': your code ran {name.split('::')[-1]} on a tensor of shape "
+                            f"{tuple(shape)}: it relates more than a chunk ({chunk}) of positions to a chunk or more "
+                            "of others, so its cost grows as T^2; carry the state from chunk to chunk instead")
+    by_chunks = {}
+    for run in runs:
+        T, _, n = _chunks(run)
+        by_chunks.setdefault(n, []).append((T, _work(run)))
+    for n, rows in by_chunks.items():
+        (t_few, w_few), (t_many, w_many) = min(rows), max(rows)
+        if t_many > t_few and w_many > w_few + 8:
+            return (f"your code runs {w_many} PyTorch operations for {t_many} tokens and {w_few} for {t_few}, in "
+                    f"{n} chunks both times: the work grows with the tokens, so it steps through them one at a "
+                    "time; treat each chunk as a whole")
+    return None
+
+
+# ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
+
+
+def _decay_reference(q, k, v, g, chunk_size):
+    return la.recurrent(q, k, v, g, scale=1.0)[0]
+
+
+def _shortcut_chunked(q, k, v, g, chunk_size):
+    """The package's chunked form: must be refused."""
+    return la.chunked(q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+
+
+def _shortcut_parallel(q, k, v, g, chunk_size):
+    """The package's masked (T, T) form: must be refused."""
+    return la.parallel(q, k, v, g, scale=1.0)
+
+
+def _breaker_token_loop(q, k, v, g, chunk_size):
+    """The recurrence, one token at a time: right, but the work grows with the tokens."""
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(outs, 2)
+
+
+def _breaker_quadratic(q, k, v, g, chunk_size):
+    """The (T, T) masked product: right, but quadratic in T."""
+    G = g.cumsum(-1)
+    T = q.shape[2]
+    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return ((q @ k.transpose(-2, -1)) * diff.exp()) @ v
+
+
+def _breaker_rows_against_all_keys(q, k, v, g, chunk_size):
+    """A chunk of queries at a time, but against every earlier key (tiled, no state): quadratic in T."""
+    G = g.cumsum(-1)
+    T = q.shape[2]
+    outs = []
+    for a in range(0, T, chunk_size):
+        b = min(a + chunk_size, T)
+        diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
+        keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
+        w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
+        outs.append(w @ v[:, :, :b])
+    return torch.cat(outs, 2)
+
+
+_CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8))  # (T, chunk): 4, 4, 4, 3, 1 chunks
+
+
+@exercise("13-chunked-decay", "chunked_decay_attention", points=3, category="implement",
+          forbid=("attncourse.linear_attention.chunked", "attncourse.linear_attention.parallel",
+                  "attncourse.linear_attention.recurrent", "attncourse.linear_attention.decay_mask"),
+          allow=(), ops=("attention", "softmax", "logsumexp"),
+          shortcuts=(_shortcut_chunked, _shortcut_parallel), prop=_chunk_by_chunk,
+          breakers=(_breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
+          prop_doc="chunkwise: no tensor relates more than a chunk of positions to a chunk or more of others, and the "
+                   "operator count does not grow with the tokens per chunk (T = 32, 64, 128 in 4 chunks)",
+          title="Decayed linear attention, chunk by chunk",
+          hint="inside a chunk, the decay from token s to token r is the exponential of a difference of cumulative "
+               "sums of g (taken inside the chunk); the state from earlier chunks reaches token r decayed by the "
+               "cumulative sum up to r. After each chunk, decay the state by the whole chunk's sum and add each "
+               "key's outer product with its value, decayed by what remains of the chunk after it. The last chunk "
+               "may be short")
+def _chunked_decay():
+    """Causal linear attention with a scalar decay per token and head (RetNet, Mamba-2), chunk by chunk."""
+    gen = torch.Generator().manual_seed(13)
+    cases = []
+    for T, chunk in _CHUNK_SPECS:
+        q, k, v, g = _inputs(gen, 2, 2, T, 4, 3)
+        if T == 64:
+            g = torch.zeros_like(g)  # no decay: plain linear attention
+        if T == 45:  # very strong decays (about e^-800 over a chunk): e^G underflows to 0 in float64, so the decay
+            g = -100.0 * torch.rand(g.shape, generator=gen, dtype=torch.float64)  # must be e^(G_r - G_s), not a ratio
+        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0" if T == 64 else "") +
+                          (", very strong decay" if T == 45 else ""), (q, k, v, g, chunk),
+                          expected=_decay_reference(q, k, v, g, chunk), rtol=1e-7, atol=1e-8))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 2. find the bug (gated delta rule)
+
+
+def _gdn_reference(q, k, v, g, beta, chunk_size):
+    return la.recurrent(q, k, v, g, beta, scale=1.0)[0]
+
+
+def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
+    """The gated delta rule one token at a time: right, but the work grows with the tokens."""
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        S = S * g[:, :, t, None, None].exp()
+        u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
+        S = S + k[:, :, t, :, None] * u[:, :, None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(outs, 2)
+
+
+@exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
+          forbid=("attncourse.linear_attention.chunked", "attncourse.linear_attention.recurrent"),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_chunk_by_chunk,
+          breakers=(_breaker_gdn_token_loop,),
+          prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor, and the operator count "
+                   "does not grow with the tokens per chunk",
+          bug_words=("query is not decayed", "queries are not decayed", "undecayed query", "undecayed queries",
+                     "decay the queries", "decay the query", "decayed query", "missing decay", "decay is missing",
+                     "forgot the decay", "forgets the decay", "without its decay", "q * gi.exp()", "q_c * gi.exp()",
+                     "q_c * g_c.exp()", "q * g.exp()", "inter-chunk term is not decayed"),
+          title="Fix a chunked gated delta rule",
+          hint="run it without decay (g zero) and then with decays: which cases fail? Follow what reaches token r of a chunk from "
+               "the chunks before it: the state at the chunk's start, then every step up to r")
+def _gdn_bug():
+    """Fix a chunkwise gated delta rule that agrees with the recurrence in some cases only."""
+    gen = torch.Generator().manual_seed(131)
+    cases = []
+    for T, chunk in _CHUNK_SPECS:
+        q, k, v, g, beta = _inputs(gen, 2, 2, T, 4, 3, delta=True)
+        if T == 32:
+            g = torch.zeros_like(g)  # DeltaNet: no gate
+        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0 (DeltaNet)" if T == 32 else ""),
+                          (q, k, v, g, beta, chunk), expected=_gdn_reference(q, k, v, g, beta, chunk),
+                          rtol=1e-7, atol=1e-8))
+    return cases
+
+
+# ----------------------------------------------------------------------------- 3. predict the bytes of a hybrid
+
+
+def predicted_reference() -> tuple[float, float, float]:
+    """(KV cache MiB, state MiB, break-even tokens) of :data:`PREDICT_MODEL` at :data:`PREDICT_LEN` in bfloat16."""
+    parts = PREDICT_MODEL.bytes(PREDICT_LEN)
+    attn, lin = PREDICT_MODEL.kinds
+    return (parts["attention"] / 2 ** 20, parts["Gated DeltaNet"] / 2 ** 20, lin.fixed / attn.per_token)
+
+
+@exercise("13-predict-hybrid-bytes", "predicted_bytes", kind="value", points=1, category="predict",
+          parts=PREDICT_PARTS,
+          hint="per token, an attention layer caches a key and a value for each KV head; a Gated DeltaNet layer holds "
+               "one (key dim x value dim) matrix per head whatever the length. Count the layers of each kind, then "
+               "the bytes of bfloat16 (a MiB is 2^20 bytes). The break-even length compares one layer of each kind")
+def _predict():
+    """Predict the KV cache and the state of a 3:1 hybrid at 32k tokens, and where one layer of each breaks even."""
+    return [Case("(kv_cache_MiB, state_MiB, break_even_tokens)", expected=predicted_reference(), rtol=1e-3,
+                 atol=1e-3)]
+
+
+# ----------------------------------------------------------------------------- 4. experiment: recall capacity
+
+
+@exercise("13-recall-capacity", "recall_measured", points=2, category="experiment",
+          hint="draw the keys first, then the values, each (n_pairs, dim) from the one generator, in float64, and "
+               "normalise each row; write the pairs in order; read with every key; a recall is right when the "
+               "stored value with the largest dot product with what you read is the key's own value")
+def _recall():
+    """Fraction of N random pairs a memory returns exactly, for the linear and the delta rule, over seeds."""
+    cases = []
+    for seed in (0, 1, 2, 3):
+        for rule, n, dim in (("linear", 24, 16), ("delta", 12, 16), ("delta", 40, 16), ("linear", 40, 32),
+                             ("delta", 16, 16)):
+            cases.append(Case(f"seed {seed}, {rule} rule, {n} pairs in dim {dim}", (rule, n, dim, seed),
+                              expected=memory_recall(rule, n, dim, seed), rtol=0, atol=1e-9))
+    return cases

@@ -1,0 +1,204 @@
+"""Chapter 13's checks refuse what a learner could hand in without the skill, by the check cell and by the grader;
+the right answers pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attncourse.classroom import checks
+from attncourse.classroom.checks.ch13 import predicted_reference
+from exercise_routes import NOT_THE_WAY, accepted, failure, refused  # noqa: E402
+
+
+@pytest.mark.parametrize("ex", [e for e in checks.exercises_for("13") if e.shortcuts or e.breakers], ids=lambda e: e.id)
+def test_shortcuts_and_breakers_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
+    for shortcut in ex.shortcuts:
+        msg, graded = refused(ex.id, shortcut, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (shortcut.__name__, msg)
+    for breaker in ex.breakers:
+        msg, graded = refused(ex.id, breaker, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (breaker.__name__, msg)
+
+
+# ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
+
+
+def chunked_decay_attention(q, k, v, g, chunk_size):
+    B, H, T, Dk = q.shape
+    S = q.new_zeros(B, H, Dk, v.shape[-1])
+    outs = []
+    for a in range(0, T, chunk_size):
+        qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
+        G = g[:, :, a:a + chunk_size].cumsum(-1)  # (B,H,c)
+        c = G.shape[-1]
+        diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
+        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * diff.exp()) @ vc)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+    return torch.cat(outs, 2)
+
+
+def chunks_at_once(q, k, v, g, chunk_size):
+    """Every chunk in one batched step, the states combined by a (n, n) decay matrix: chunkwise, no Python loop."""
+    B, H, T, Dk = q.shape
+    n = -(-T // chunk_size)
+    pad = n * chunk_size - T
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).reshape(B, H, n, chunk_size, -1) for x in (q, k, v))
+    G = F.pad(g, (0, pad)).reshape(B, H, n, chunk_size).cumsum(-1)  # (B,H,n,C)
+    c = chunk_size
+    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
+    intra = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v  # (B,H,n,C,Dv)
+    states = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
+    last = F.pad(G[..., -1], (1, 0)).cumsum(-1)  # (B,H,n+1) log-decay up to each chunk boundary
+    keep = torch.ones(n, n, dtype=torch.bool).tril(-1)  # chunk j < i
+    gap = (last[..., :-1, None] - last[..., None, 1:]).masked_fill(~keep, -torch.inf).exp()  # end of j -> start of i
+    carried = torch.einsum("bhij,bhjkv->bhikv", gap, states)  # (B,H,n,Dk,Dv) the state at each chunk's start
+    inter = (q * G[..., None].exp()) @ carried
+    return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T]
+
+
+def test_chunked_decay_right_answers(tmp_path, monkeypatch):
+    accepted("13-chunked-decay", chunked_decay_attention, tmp_path, monkeypatch)
+    accepted("13-chunked-decay", chunks_at_once, tmp_path, monkeypatch)
+
+
+def test_chunked_decay_ratio_of_products_fails():
+    def ratios(q, k, v, g, chunk_size):  # e^G_r / e^G_s inside a chunk: overflows with strong decays
+        B, H, T, Dk = q.shape
+        S = q.new_zeros(B, H, Dk, v.shape[-1])
+        outs = []
+        for a in range(0, T, chunk_size):
+            qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
+            G = g[:, :, a:a + chunk_size].cumsum(-1)
+            E = G.exp()
+            w = ((qc * E[..., None]) @ (kc / E[..., None]).transpose(-2, -1)).tril()
+            outs.append((qc * E[..., None]) @ S + w @ vc)
+            S = S * E[..., -1, None, None] + (kc * (E[..., -1:] / E)[..., None]).transpose(-2, -1) @ vc
+        return torch.cat(outs, 2)
+
+    assert "strong decay" in failure("13-chunked-decay", ratios)
+
+
+def test_chunked_decay_forgets_the_short_last_chunk():
+    def drops_tail(q, k, v, g, chunk_size):
+        T = q.shape[2] // chunk_size * chunk_size
+        out = chunked_decay_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], chunk_size)
+        return torch.cat([out, torch.zeros_like(v[:, :, T:])], 2)
+
+    failure("13-chunked-decay", drops_tail)
+
+
+# ----------------------------------------------------------------------------- 2. the bug
+
+
+def gated_delta_chunked_fixed(q, k, v, g, beta, chunk_size):
+    B, H, T, Dk = q.shape
+    S = q.new_zeros(B, H, Dk, v.shape[-1])
+    outs = []
+    for a in range(0, T, chunk_size):
+        qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
+        G = g[:, :, a:a + chunk_size].cumsum(-1)
+        c = G.shape[-1]
+        below = torch.ones(c, c, dtype=torch.bool).tril()
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, -torch.inf).exp()
+        A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
+        eye = torch.eye(c, dtype=q.dtype)
+        U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
+                                          unitriangular=True)
+        u = U - W @ S
+        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
+    return torch.cat(outs, 2)
+
+
+def test_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
+    accepted("13-find-the-bug-1", gated_delta_chunked_fixed, tmp_path, monkeypatch)
+
+    def buggy(q, k, v, g, beta, chunk_size):  # the notebook's version: the state read by q without e^G
+        return _buggy(q, k, v, g, beta, chunk_size)
+
+    msg = failure("13-find-the-bug-1", buggy)
+    assert "g = 0" not in msg.split("\n")[0] or "failed" in msg
+
+
+def _buggy(q, k, v, g, beta, chunk_size):
+    B, H, T, Dk = q.shape
+    S = q.new_zeros(B, H, Dk, v.shape[-1])
+    outs = []
+    for a in range(0, T, chunk_size):
+        qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
+        G = g[:, :, a:a + chunk_size].cumsum(-1)
+        c = G.shape[-1]
+        below = torch.ones(c, c, dtype=torch.bool).tril()
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, -torch.inf).exp()
+        A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
+        eye = torch.eye(c, dtype=q.dtype)
+        U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
+                                          unitriangular=True)
+        u = U - W @ S
+        outs.append(qc @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
+    return torch.cat(outs, 2)
+
+
+def test_the_bug_shows_only_with_a_gate():
+    from attncourse import linear_attention as la
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 20, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    k = F.normalize(k, dim=-1)
+    beta = torch.rand(1, 2, 20, generator=gen, dtype=torch.float64)
+    g0 = torch.zeros(1, 2, 20, dtype=torch.float64)
+    torch.testing.assert_close(_buggy(q, k, v, g0, beta, 8), la.recurrent(q, k, v, g0, beta, scale=1.0)[0])
+    g = F.logsigmoid(torch.randn(1, 2, 20, generator=gen, dtype=torch.float64))
+    assert not torch.allclose(_buggy(q, k, v, g, beta, 8), la.recurrent(q, k, v, g, beta, scale=1.0)[0])
+    torch.testing.assert_close(gated_delta_chunked_fixed(q, k, v, g, beta, 8),
+                               la.recurrent(q, k, v, g, beta, scale=1.0)[0])
+
+
+# ----------------------------------------------------------------------------- 3. predict
+
+
+def test_predict_values_and_feedback():
+    kv, state, even = predicted_reference()
+    assert (kv, state, even) == (512.0, 12.0, 256.0)  # 8*2*4*128*32768*2 B; 24*16*128*128*2 B; 16*128*128/(2*4*128)
+    checks.check("13-predict-hybrid-bytes", (kv, state, even))
+    msg = failure("13-predict-hybrid-bytes", (kv, state * 2, even))
+    assert "state_MiB" in msg and "24" not in msg.replace("13-", "")
+
+
+# ----------------------------------------------------------------------------- 4. experiment
+
+
+def recall_measured(rule, n_pairs, dim, seed):
+    gen = torch.Generator().manual_seed(seed)
+    keys = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+    values = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+    S = torch.zeros(dim, dim, dtype=torch.float64)
+    for key, value in zip(keys, values):
+        write = value - S.T @ key if rule == "delta" else value
+        S = S + torch.outer(key, write)
+    read = keys @ S
+    return float(((read @ values.T).argmax(-1) == torch.arange(n_pairs)).double().mean())
+
+
+def test_recall_experiment(tmp_path, monkeypatch):
+    accepted("13-recall-capacity", recall_measured, tmp_path, monkeypatch)
+
+    def values_first(rule, n_pairs, dim, seed):  # the draws in the other order
+        gen = torch.Generator().manual_seed(seed)
+        values = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+        keys = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+        S = torch.zeros(dim, dim, dtype=torch.float64)
+        for key, value in zip(keys, values):
+            S = S + torch.outer(key, value - S.T @ key if rule == "delta" else value)
+        return float(((keys @ S @ values.T).argmax(-1) == torch.arange(n_pairs)).double().mean())
+
+    def capacity_rule(rule, n_pairs, dim, seed):  # "perfect up to dim pairs, then dim / n": a closed form
+        return min(1.0, dim / n_pairs)
+
+    for route in (values_first, capacity_rule, lambda rule, n_pairs, dim, seed: 1.0):
+        failure("13-recall-capacity", route)
