@@ -142,3 +142,22 @@ def mla_config_cache_bytes(name: str, seq_len: int, batch_size: int = 1, bytes_p
         raise ValueError(f"no MLA config named {name!r}; known: {sorted(MLA_CONFIGS)}")
     c = MLA_CONFIGS[name]
     return mla_cache_bytes(c["n_layers"], c["kv_rank"], c["rope_dim"], seq_len, batch_size, bytes_per_element)
+
+
+def mla_decode_attention_cost(n_heads: int, kv_rank: int, rope_dim: int, context_len: int,
+                              bytes_per_element: int = 2) -> dict[str, float]:
+    """One layer, one sequence, one generated token of absorbed MLA: attention FLOPs, cache bytes read, ratio.
+
+    Absorbed MLA is MQA over one shared key ``[c_kv, k_rope]`` of ``kv_rank + rope_dim`` numbers and one shared
+    value ``c_kv`` of ``kv_rank`` numbers, read by all ``n_heads`` query heads. FLOPs:
+    ``2 H S (r + d_rope)`` for the scores and ``2 H S r`` for the weighted sum of latents (the up-projections,
+    applied once per head and token, are not counted, as :func:`attncourse.gqa.decode_attention_cost` counts no
+    projection). Bytes: the cache, ``S (r + d_rope)`` elements (the value is the key's first r numbers).
+    Raises ValueError for a non-positive argument.
+    """
+    for name, v in (("n_heads", n_heads), ("kv_rank", kv_rank), ("rope_dim", rope_dim),
+                    ("context_len", context_len), ("bytes_per_element", bytes_per_element)):
+        _validate.positive_int(name, v)
+    flops = 2 * n_heads * context_len * (kv_rank + rope_dim) + 2 * n_heads * context_len * kv_rank
+    cache_bytes = context_len * (kv_rank + rope_dim) * bytes_per_element
+    return {"flops": flops, "kv_bytes": cache_bytes, "flops_per_byte": flops / cache_bytes}

@@ -147,6 +147,7 @@ ROPE_SCALING_KEYS = {  # type -> (required keys, optional keys with defaults)
     "linear": (("factor",), {}),
     "ntk": (("factor",), {}),
     "yarn": (("factor", "original_max_position"), {"beta_fast": 32.0, "beta_slow": 1.0}),
+    "llama3": (("factor", "original_max_position"), {"low_freq_factor": 1.0, "high_freq_factor": 4.0}),
 }
 
 
@@ -166,7 +167,7 @@ def check_rope_scaling(scaling: dict | None) -> dict | None:
         raise ValueError(f"scaling of type {kind!r} needs keys {list(required)} (optional {sorted(optional)}); "
                          f"missing {missing}, unknown {unknown}")
     out = {"type": kind, **optional, **{k: scaling[k] for k in scaling if k != "type"}}
-    for k in ("factor", "original_max_position", "beta_fast", "beta_slow"):
+    for k in ("factor", "original_max_position", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor"):
         if k in out and (isinstance(out[k], bool) or not isinstance(out[k], (int, float)) or out[k] <= 0):
             raise ValueError(f"scaling[{k!r}] must be a positive number, got {out[k]!r}")
     return out
@@ -183,6 +184,15 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, *, scaling: dict | None 
       YaRN (Peng et al. 2023): dims that turn more than beta_fast times over L positions keep theta_i,
       dims that turn fewer than beta_slow times are interpolated (theta_i / s), a linear ramp in between.
       Pair it with :func:`rope_attention_factor`.
+    * ``{"type": "llama3", "factor": s, "original_max_position": L, "low_freq_factor": 1, "high_freq_factor": 4}``:
+      Llama 3.1's frequency-dependent scaling (Hugging Face ``rope_type="llama3"``; Llama 3.1 ships s = 8,
+      L = 8192, base 500000): pairs whose wavelength ``2 pi / theta_i`` is shorter than ``L / high_freq_factor``
+      keep theta_i, those longer than ``L / low_freq_factor`` get theta_i / s, and in between
+      ``(1 - a) theta_i / s + a theta_i`` with ``a = (L / wavelength - low_freq_factor) / (high_freq_factor -
+      low_freq_factor)``.
+
+    Raises ValueError for an odd or non-positive head_dim, a base <= 1, or a malformed scaling dict (TypeError
+    for a scaling that is not a dict).
     """
     _validate.positive_int("head_dim", head_dim)
     if head_dim % 2:
@@ -209,6 +219,14 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, *, scaling: dict | None 
         ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (D/2,)
         keep = 1 - ramp  # 1: extrapolate (high frequency, keep theta_i); 0: interpolate (theta_i / s)
         inv_freq = inv_freq / s * (1 - keep) + inv_freq * keep
+    elif kind == "llama3":
+        s, length = scaling["factor"], scaling["original_max_position"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        if high <= low:
+            raise ValueError(f"scaling['high_freq_factor']={high} must exceed scaling['low_freq_factor']={low}")
+        wavelength = 2 * math.pi / inv_freq  # (D/2,) positions per turn of each pair
+        a = ((length / wavelength - low) / (high - low)).clamp(0, 1)  # 1: keep (fast pairs), 0: divide by s
+        inv_freq = (1 - a) * inv_freq / s + a * inv_freq
     return inv_freq
 
 

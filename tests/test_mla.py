@@ -98,3 +98,27 @@ def test_forward_and_bytes_reject():
         mla_cache_bytes(61, 512, 64, 0)
     with pytest.raises(ValueError, match="no MLA config"):
         mla_config_cache_bytes("DeepSeek-V9", 1)
+
+
+def test_absorbed_mla_is_mqa_over_a_shared_latent_key():
+    """Absorbed MLA == PyTorch's kernel in MQA form: one KV head, key [c_kv, k_rope], value c_kv."""
+    from attncourse.mla import mla_decode_attention_cost
+    m = make()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    b, t, _ = x.shape
+    h, dn, dr, r = m.n_heads, m.head_dim, m.rope_dim, m.kv_rank
+    pos = torch.arange(t)
+    q = m.q_proj(x).view(b, t, h, dn + dr).transpose(1, 2)                      # (B, H, T, dn + dr)
+    q_lat = q[..., :dn] @ m.k_up.weight.view(h, dn, r)                          # (B, H, T, r)
+    q_mqa = torch.cat([q_lat, apply_rope(q[..., dn:], pos)], -1)                # (B, H, T, r + dr)
+    c = m.kv_down(x)                                                            # (B, T, r)
+    k_mqa = torch.cat([c, apply_rope(m.k_rope_proj(x), pos)], -1)[:, None]      # (B, 1, T, r + dr)
+    ctx = F.scaled_dot_product_attention(q_mqa, k_mqa, c[:, None], is_causal=True, enable_gqa=True,
+                                         scale=(dn + dr) ** -0.5)               # (B, H, T, r)
+    out = m.o_proj((ctx @ m.v_up.weight.view(h, dn, r).transpose(-2, -1)).transpose(1, 2).reshape(b, t, h * dn))
+    torch.testing.assert_close(m(x, is_causal=True, absorbed=True), out)
+    c3 = mla_decode_attention_cost(128, 512, 64, 4096)
+    assert c3["flops"] == 2 * 128 * 4096 * 576 + 2 * 128 * 4096 * 512 and c3["kv_bytes"] == 4096 * 576 * 2
+    assert abs(c3["flops_per_byte"] - 128 * 1088 / 576) < 1e-9
+    with pytest.raises(ValueError, match="kv_rank"):
+        mla_decode_attention_cost(128, 0, 64, 4096)

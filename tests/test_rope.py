@@ -286,3 +286,29 @@ def test_gpt_rope_config_rejects():
     m = GPT(GPTConfig(vocab_size=5, position="alibi"))
     with pytest.raises(ValueError, match="rope"):
         m.set_rope_scaling(None)
+
+
+def _llama3_transformers(dim, base, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """transformers' _compute_llama3_parameters, written as it is there (torch.where on three regions)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+@pytest.mark.parametrize("dim, base, factor, L, lo, hi", [(128, 500000.0, 8.0, 8192, 1.0, 4.0),   # Llama 3.1
+                                                           (64, 10000.0, 4.0, 64, 1.0, 4.0), (8, 10000.0, 4.0, 16, 0.5, 2.0)])
+def test_llama3_scaling_matches_transformers(dim, base, factor, L, lo, hi):
+    scaling = {"type": "llama3", "factor": factor, "original_max_position": L, "low_freq_factor": lo,
+               "high_freq_factor": hi}
+    got = rope_inv_freq(dim, base, scaling=scaling)
+    torch.testing.assert_close(got, _llama3_transformers(dim, base, factor, lo, hi, L))
+    plain = rope_inv_freq(dim, base)
+    assert got[0] == plain[0] and torch.isclose(got[-1], plain[-1] / factor)  # fastest kept, slowest divided
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        rope_inv_freq(dim, base, scaling={**scaling, "low_freq_factor": hi, "high_freq_factor": lo})
