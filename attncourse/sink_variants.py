@@ -193,7 +193,8 @@ def largest_activations(states: list[torch.Tensor]) -> tuple[float, float]:
     """(the largest |activation| anywhere in the residual streams given, that over the median |activation|).
 
     states: a list of (B, T, d_model) tensors, e.g. the residual stream after each block. Sun et al. (2024) call
-    activations thousands of times the median "massive"; a small model shows whether one is starting."""
+    activations far larger than all others (up to 100,000 times, their abstract) "massive"; a small
+    model shows whether one is starting."""
     if not states:
         raise ValueError("states must be a non-empty list of (B, T, d_model) tensors")
     flat = torch.cat([s.detach().abs().flatten().float() for s in states])
