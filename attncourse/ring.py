@@ -2,7 +2,7 @@ r"""Sequence parallelism on ``torch.distributed``: ring attention (forward and b
 
 **Ring attention** (Liu et al. 2023). The sequence is cut into equal chunks and each of W ranks holds some of
 them: its queries, keys and values. In W steps every key/value block travels once around the ring (rank r
-sends to r + 1 and receives from r - 1, the next transfer overlapping the current block's compute). Each
+sends to r + 1 and receives from r - 1, the next transfer started before the current block's compute). Each
 block pair is one call of FlashAttention's forward, returning ``(out, lse)``, and the partial results of a
 query chunk are merged by their log-sum-exps (chapter 08's rule in its normalised form). Under a causal mask a
 pair whose keys all come after its queries is skipped (the block is still passed on); a diagonal pair uses
@@ -11,9 +11,11 @@ the causal tile loop. Bytes sent per rank: W - 1 blocks of keys and values, ``2 
 
 **Backward ring.** The gradient needs, for each block pair, the block's probabilities ``exp(s - lse)`` with the
 *final* lse and ``D = rowsum(dO * O)`` of the final output, which every rank holds for its own queries. So the
-backward runs the same ring again: the key/value blocks travel with two accumulators dK and dV; each rank adds
-its queries' contribution to the block it holds (FlashAttention's backward per pair) and its own dQ, then
-passes (K, V, dK, dV) on. After W steps each dK, dV block has visited every rank; one last send brings it home.
+backward runs the same ring again: the key/value blocks travel and two accumulators dK and dV follow them one
+step behind; each rank adds its queries' contribution to the block it holds (FlashAttention's backward per
+pair) and to its own dQ. As in ring-flash-attention, the next K, V block is sent before the step's compute and
+the block's (dK, dV) after it, so both transfers run beside compute. After W steps each dK, dV block has
+visited every rank; the last send brings it home. Bytes are counted at the communication call.
 :class:`RingAttentionFunction` ties both passes into autograd, so a training step on W processes gives the
 single-process gradients.
 
@@ -28,7 +30,7 @@ whole sequence, H / W of the heads"; each rank runs ordinary attention on its he
 all-to-all turns the output back. Each rank sends (W-1)/W of its local q, k, v and output blocks: with GQA the
 k and v blocks are Hkv/H as large, and W may not exceed Hkv unless KV heads are replicated.
 
-:func:`run_distributed` starts W local processes with ``torch.multiprocessing`` joined in a gloo
+:func:`~attncourse.distributed.run_distributed` (re-exported here) starts W local processes with ``torch.multiprocessing`` joined in a gloo
 process group (on 127.0.0.1, a free port chosen by the operating system), runs a function of this
 package in each and returns what each rank returned. :func:`distributed_attention` and
 :func:`distributed_training_step` are whole round trips: split, launch, gather.
@@ -36,17 +38,14 @@ package in each and returns what each rank returned. :func:`distributed_attentio
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing
-import tempfile
 import time
-from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from . import _validate
+from .distributed import run_distributed
 from .flash import flash_attention, flash_attention_backward, flash_attention_forward
 from .sdpa import _check_qkv
 from .sdpa import compute_dtype as _compute_dtype
@@ -61,13 +60,15 @@ _NEG_INF = float("-inf")
 
 class RingOutput(NamedTuple):
     """What :func:`ring_attention` returns on each rank: the local output (..., T_r, Dv) and its log-sum-exp
-    (..., T_r) (both differentiable), the bytes this rank sent in the forward, and the (query, key) pairs it
-    scored (its share of the work)."""
+    (..., T_r) (both differentiable), the bytes this rank sent in the forward (counted at ``dist.isend``), the
+    (query, key) pairs it scored (its share of the work), and `traffic`, a dict the backward keeps filling
+    (``bytes_sent_backward``, ``wait_s``, ``wait_s_backward``)."""
 
     out: torch.Tensor
     lse: torch.Tensor
     bytes_sent: int
     pairs_scored: int
+    traffic: dict
 
 
 def ring_chunks(world_size: int, layout: str = "contiguous") -> list[list[int]]:
@@ -109,26 +110,36 @@ def _merge(out_a, lse_a, out_b, lse_b):
     return torch.exp(lse_a - ref)[..., None] * out_a + torch.exp(lse_b - ref)[..., None] * out_b, lse
 
 
-def _exchange(tensor: torch.Tensor, rank: int, world: int, ranks: list[int], group: Any):
-    """Start sending `tensor` to the next rank and receiving the same shape from the previous one."""
+def _exchange(tensor: torch.Tensor, rank: int, world: int, ranks: list[int], group: Any, stats: dict, key: str):
+    """Start sending `tensor` to the next rank and receiving the same shape from the previous one.
+
+    The bytes are counted at the call, from the tensors handed to ``dist.isend`` (``stats[key]`` grows by
+    them), not from a formula."""
     incoming = torch.empty_like(tensor)
     ops = [dist.P2POp(dist.isend, tensor, ranks[(rank + 1) % world], group),
            dist.P2POp(dist.irecv, incoming, ranks[(rank - 1) % world], group)]
+    stats[key] = stats.get(key, 0) + sum(op.tensor.numel() * op.tensor.element_size() for op in ops
+                                         if op.op is dist.isend)
     return incoming, dist.batch_isend_irecv(ops)
 
 
-def _wait(requests) -> None:
+def _wait(requests, stats: dict, key: str = "wait_s") -> None:
+    """Wait for the transfers; the seconds spent blocked here are added to ``stats[key]``."""
+    start = time.perf_counter()
     for request in requests:
         request.wait()
+    stats[key] = stats.get(key, 0.0) + time.perf_counter() - start
 
 
 class RingAttentionFunction(torch.autograd.Function):
-    """Autograd node of ring attention: the forward ring, and a backward ring where dK and dV travel with
-    their blocks. ``apply(q, k, v, is_causal, scale, layout, group, stats)`` with q, k, v (N, T_r, D) in the
-    compute dtype, a float scale and a dict `stats` the forward fills (bytes sent, pairs scored)."""
+    """Autograd node of ring attention: the forward ring, and a backward ring where dK and dV travel after their
+    blocks. ``apply(q, k, v, is_causal, scale, layout, group, stats, overlap)`` with q, k, v (N, T_r, D) in the
+    compute dtype, a float scale, a dict `stats` that both passes fill (bytes sent, counted at the call; pairs
+    scored; seconds blocked waiting for transfers) and `overlap`: start each transfer before the compute that
+    can run beside it (True), or wait for it at once (False, the serial baseline)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, layout, group, stats):
+    def forward(ctx, q, k, v, is_causal, scale, layout, group, stats, overlap=True):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         chunks = ring_chunks(world, layout)
@@ -136,12 +147,13 @@ class RingAttentionFunction(torch.autograd.Function):
         outs = [q.new_zeros(q.shape[0], c, v.shape[-1]) for _ in mine]  # per local query chunk (N, c, Dv)
         lses = [q.new_full((q.shape[0], c), _NEG_INF) for _ in mine]  # (N, c)
         kv = torch.cat([k, v], dim=-1).contiguous()  # (N, T_r, D + Dv): one message per step
-        sent = pairs = 0
+        pairs = 0
         for step in range(world):
             src = (rank - step) % world  # whose keys I hold now
             if step < world - 1:  # pass them on while computing with them
-                incoming, requests = _exchange(kv, rank, world, ranks, group)
-                sent += kv.numel() * kv.element_size()
+                incoming, requests = _exchange(kv, rank, world, ranks, group, stats, "bytes_sent")
+                if not overlap:
+                    _wait(requests, stats)
             k_blk, v_blk = kv[..., :d], kv[..., d:]
             for i, j, diag in _pairs(mine, chunks[src], is_causal):
                 qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
@@ -149,58 +161,87 @@ class RingAttentionFunction(torch.autograd.Function):
                 outs[i], lses[i] = _merge(outs[i], lses[i], o, lse)
                 pairs += c * (c + 1) // 2 if diag else c * c
             if step < world - 1:
-                _wait(requests)
+                if overlap:  # a gloo request must be waited for once only
+                    _wait(requests, stats)
                 kv = incoming
         out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1)  # (N, T_r, Dv), (N, T_r)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (is_causal, scale, layout, group)
+        ctx.config = (is_causal, scale, layout, group, stats, overlap)
         ctx.set_materialize_grads(False)
-        stats.update(bytes_sent=sent, pairs_scored=pairs)
+        stats.setdefault("bytes_sent", 0)
+        stats["pairs_scored"] = pairs
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
+        # As ring-flash-attention's backward: K and V for the next step are sent *before* this step's compute
+        # (they do not change), and the (dK, dV) accumulated for the block held now are sent *after* it, so that
+        # transfer runs beside the next step's compute. The block I hold at step s belongs to rank - s; its
+        # gradients reach rank - s + 1, which holds that block at step s + 1 and adds its share on arrival.
         q, k, v, out, lse = ctx.saved_tensors
-        is_causal, scale, layout, group = ctx.config
+        is_causal, scale, layout, group, stats, overlap = ctx.config
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         chunks = ring_chunks(world, layout)
         mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
         d_out = torch.zeros_like(out) if d_out is None else d_out.to(out.dtype)
         dq = torch.zeros_like(q)
-        travelling = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], dim=-1)  # (N, T_r, 2D + 2Dv)
-        dv_ = v.shape[-1]
+        kv = torch.cat([k, v], dim=-1).contiguous()  # (N, T_r, D + Dv)
+        dkv_in = dkv_requests = None  # the gradients on their way to me, and their transfer
         for step in range(world):
             src = (rank - step) % world
-            k_blk, v_blk = travelling[..., :d], travelling[..., d:d + dv_]
-            dk_blk, dvv_blk = travelling[..., d + dv_:2 * d + dv_], travelling[..., 2 * d + dv_:]  # views: += in place
+            if step < world - 1:
+                kv_in, kv_requests = _exchange(kv, rank, world, ranks, group, stats, "bytes_sent_backward")
+                if not overlap:
+                    _wait(kv_requests, stats, "wait_s_backward")
+            k_blk, v_blk = kv[..., :d], kv[..., d:]
+            dkv = torch.zeros_like(kv)  # (N, T_r, D + Dv): my queries' share of this block's dK, dV
             for i, j, diag in _pairs(mine, chunks[src], is_causal):
                 qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
                 g = flash_attention_backward(q[:, qs], k_blk[:, ks], v_blk[:, ks], out[:, qs], lse[:, qs], d_out[:, qs],
                                              grad_lse=None if d_lse is None else d_lse[:, qs], is_causal=diag,
                                              scale=scale)  # this pair's dQ share, dK, dV with the final out, lse
                 dq[:, qs] += g[0]
-                dk_blk[:, ks] += g[1]
-                dvv_blk[:, ks] += g[2]
-            if step < world - 1:  # K, V and their gradients so far move on together
-                travelling, requests = _exchange(travelling.contiguous(), rank, world, ranks, group)
-            else:  # the block I hold belongs to rank + 1: only its gradients go home
-                home, requests = _exchange(travelling[..., d + dv_:].contiguous(), rank, world, ranks, group)
-            _wait(requests)
-        return dq, home[..., :d], home[..., d:], None, None, None, None, None
+                dkv[:, ks, :d] += g[1]
+                dkv[:, ks, d:] += g[2]
+            if step > 0:  # the earlier ranks' shares of the same block, sent one step ago
+                if dkv_requests is not None:
+                    _wait(dkv_requests, stats, "wait_s_backward")
+                dkv += dkv_in
+            dkv_in, dkv_requests = _exchange(dkv, rank, world, ranks, group, stats, "bytes_sent_backward")
+            if not overlap:
+                _wait(dkv_requests, stats, "wait_s_backward")
+                dkv_requests = None
+            if step < world - 1:
+                if overlap:
+                    _wait(kv_requests, stats, "wait_s_backward")
+                kv = kv_in
+        if dkv_requests is not None:  # the last send brings each block's gradients home
+            _wait(dkv_requests, stats, "wait_s_backward")
+        return dq, dkv_in[..., :d], dkv_in[..., d:], None, None, None, None, None, None
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
-                   scale: float | None = None, layout: str = "contiguous", group: Any = None) -> RingOutput:
+                   scale: float | None = None, layout: str = "contiguous", group: Any = None,
+                   overlap: bool = True) -> RingOutput:
     """Attention over the whole sequence when each rank of `group` holds its chunks of it; differentiable.
 
     Call on every rank with its part: query, key (..., T_r, D), value (..., T_r, Dv), equal T_r on every rank,
     made of the chunks :func:`ring_chunks` gives the rank for `layout`, in that order. ``is_causal`` masks keys
     after each query's own position (in the whole sequence). The backward runs the backward ring.
+    ``overlap=False`` waits for every transfer as soon as it starts (the serial baseline of the timing in
+    chapter 11); the results are the same. The returned ``traffic`` dict is filled by both rings: bytes sent in
+    the forward (``"bytes_sent"``) and, after ``backward()``, in the backward (``"bytes_sent_backward"``), both
+    counted from the tensors handed to ``dist.isend``, and the seconds blocked waiting for transfers
+    (``"wait_s"``, ``"wait_s_backward"``).
+    Raises ValueError/TypeError for blocks that do not match, a bad layout or flag, RuntimeError without a
+    process group.
     """
     _check_qkv(query, key, value)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be a bool, got {type(overlap).__name__}")
     if query.shape[-2] != key.shape[-2] or query.shape[:-2] != key.shape[:-2] or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"each rank's query, key and value blocks must cover the same positions and heads, got "
                          f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}")
@@ -220,17 +261,19 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     lead = query.shape[:-2]
     q, k, v = (x.reshape(-1, *x.shape[-2:]).to(work) for x in (query, key, value))  # (N, T_r, D)
     stats: dict = {}
-    out, lse = RingAttentionFunction.apply(q, k, v, is_causal, scale, layout, group, stats)
+    out, lse = RingAttentionFunction.apply(q, k, v, is_causal, scale, layout, group, stats, overlap)
     return RingOutput(out.reshape(*lead, *out.shape[-2:]).to(value.dtype), lse.reshape(*lead, lse.shape[-1]),
-                      stats["bytes_sent"], stats["pairs_scored"])
+                      stats["bytes_sent"], stats["pairs_scored"], stats)
 
 
-def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """x (W, ...): part w goes to rank w; returns (W, ...) whose part w came from rank w."""
+def _all_to_all(x: torch.Tensor, group: Any) -> tuple[torch.Tensor, int]:
+    """x (W, ...): part w goes to rank w; returns ((W, ...) whose part w came from rank w, the bytes this rank
+    sent: those of the tensor handed to the call less its own part, which never leaves the process)."""
     x = x.contiguous()
     out = torch.empty_like(x)  # contiguous like x (empty_like keeps a permuted input's strides)
     dist.all_to_all_single(out, x, group=group)
-    return out
+    mine = x[dist.get_rank(group)]
+    return out, x.numel() * x.element_size() - mine.numel() * mine.element_size()
 
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
@@ -238,7 +281,9 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """DeepSpeed-Ulysses: all-to-all from sequence blocks to head groups, attention, all-to-all back.
 
     Every rank passes its sequence block (B, H, T_r, D) of queries, keys and values (equal T_r on all
-    ranks, H and Hkv divisible by the world size). Returns (its output block (B, H, T_r, Dv), bytes sent).
+    ranks, H and Hkv divisible by the world size). Returns (its output block (B, H, T_r, Dv), bytes sent), the
+    bytes counted from the tensors handed to each ``all_to_all_single`` less the part that stays on this rank.
+    Not differentiable (forward only).
     """
     _check_qkv(query, key, value)
     world = dist.get_world_size(group)
@@ -251,16 +296,16 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         nonlocal sent
         b, h, t, d = x.shape
         parts = x.reshape(b, world, h // world, t, d).transpose(0, 1)  # (W, B, H/W, T_r, D): part w to rank w
-        sent += parts.numel() // world * (world - 1) * x.element_size()
-        got = _all_to_all(parts, group)  # (W, B, H/W, T_r, D): part w is rank w's sequence block
+        got, nbytes = _all_to_all(parts, group)  # (W, B, H/W, T_r, D): part w is rank w's sequence block
+        sent += nbytes
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * t, d)  # (B, H/W, W*T_r, D)
 
     q, k, v = to_heads(query), to_heads(key), to_heads(value)
     out = flash_attention(q, k, v, is_causal=is_causal, scale=scale)  # (B, H/W, T, Dv)
     b, hw, t, dv = out.shape
     parts = out.reshape(b, hw, world, t // world, dv).permute(2, 0, 1, 3, 4)  # (W, B, H/W, T_r, Dv)
-    sent += parts.numel() // world * (world - 1) * out.element_size()
-    got = _all_to_all(parts, group)  # (W, B, H/W, T_r, Dv): part w holds head group w
+    got, nbytes = _all_to_all(parts, group)  # (W, B, H/W, T_r, Dv): part w holds head group w
+    sent += nbytes
     return got.transpose(0, 1).reshape(b, world * hw, t // world, dv), sent  # (B, H, T_r, Dv)
 
 
@@ -290,64 +335,6 @@ def ulysses_bytes_per_rank(batch: int, n_heads: int, seq_len: int, head_dim: int
                          f"world_size={world_size}")
     rows = batch * (2 * n_heads + 2 * n_kv_heads) * (seq_len // world_size) * head_dim * bytes_per_element
     return rows * (world_size - 1) // world_size
-
-
-# ----------------------------------------------------------------------------- launching processes
-
-
-def _entry(rank: int, fn: Callable, world_size: int, port: int, folder: str, timeout: float, args: tuple) -> None:
-    torch.set_num_threads(1)  # W processes share the machine's cores
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout))
-    try:
-        result = fn(rank, world_size, *args)
-        torch.save(result, Path(folder) / f"rank{rank}.pt")
-        dist.barrier()  # nobody leaves while a peer may still be receiving from it
-    finally:
-        dist.destroy_process_group()
-
-
-def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
-                    start_method: str | None = None) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` in `world_size` local processes joined in a gloo group.
-
-    `fn` must be importable by the children (a module-level function of a package, not one defined in a
-    notebook). Returns the list of what each rank returned. The rendezvous store lives in this process on a
-    port the OS picks, so parallel launches never collide. `start_method` defaults to "forkserver" where
-    available (one server imports torch once and forks the workers) and "spawn" elsewhere. A child that
-    raises makes this raise; past `timeout` seconds the children are terminated and TimeoutError is raised.
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    _validate.positive_int("world_size", world_size)
-    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn))
-    if module in (None, "__main__", "__mp_main__") or "<" in name:  # a notebook's function, a lambda, a closure
-        raise ValueError(f"fn must be importable by the child processes: {name} in {module} is not; define it "
-                         f"at the top level of a module")
-    methods = multiprocessing.get_all_start_methods()
-    start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
-    if start_method == "forkserver":
-        multiprocessing.set_forkserver_preload(["torch", "torch.distributed", __name__])
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    with tempfile.TemporaryDirectory(prefix="attncourse_ring_") as folder:
-        context = torch.multiprocessing.start_processes(
-            _entry, args=(fn, world_size, store.port, folder, timeout, args), nprocs=world_size,
-            join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout
-        try:
-            while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world_size} processes running {fn.__qualname__} did not finish "
-                                       f"in {timeout} s")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-                    process.join(5)
-        return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
 def _split(x: torch.Tensor, rank: int, world_size: int, layout: str) -> torch.Tensor:

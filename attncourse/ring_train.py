@@ -3,37 +3,44 @@ must equal the single-process ones (see :mod:`attncourse.ring`)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
+import torch.distributed as dist
 
 from . import _validate
 from .ring import _split, _unsplit, ring_attention, ring_chunks, run_distributed
 from .sdpa import _check_qkv
 
-__all__ = ["distributed_training_step"]
+__all__ = ["distributed_training_step", "ring_overlap_timing"]
 
 
 def _training_worker(rank: int, world_size: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     grad_out: torch.Tensor, is_causal: bool, layouts: tuple[str, ...]) -> dict:
+                     grad_out: torch.Tensor, is_causal: bool, layouts: tuple[str, ...], overlap: bool = True) -> dict:
     """One rank, for each layout: its part of q, k, v as leaves, ring forward, ``(out * grad_out).sum()``
     backward (the backward ring), and what it holds afterwards."""
     results = {}
     for layout in layouts:
         q, k, v = (_split(x, rank, world_size, layout).clone().requires_grad_(True) for x in (query, key, value))
-        result = ring_attention(q, k, v, is_causal=is_causal, layout=layout)
+        result = ring_attention(q, k, v, is_causal=is_causal, layout=layout, overlap=overlap)
         (result.out * _split(grad_out, rank, world_size, layout)).sum().backward()
-        results[layout] = (result.out.detach(), q.grad, k.grad, v.grad, result.pairs_scored, result.bytes_sent)
+        results[layout] = (result.out.detach(), q.grad, k.grad, v.grad, result.pairs_scored, result.bytes_sent,
+                           result.traffic["bytes_sent_backward"])
     return results
 
 
 def distributed_training_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad_out: torch.Tensor,
                               world_size: int, *, is_causal: bool = False,
-                              layout: str | tuple[str, ...] = "contiguous", timeout: float = 120.0) -> dict:
+                              layout: str | tuple[str, ...] = "contiguous", timeout: float = 120.0,
+                              overlap: bool = True) -> dict:
     """Forward and backward of ring attention over `world_size` gloo processes.
 
     q, k (B, H, T, D), value (B, H, T, Dv), grad_out (B, H, T, Dv) the gradient arriving at the output. Returns
     ``{"out", "dq", "dk", "dv"}`` reassembled in sequence order, ``"pairs"``: the (query, key) pairs each rank
-    scored in the forward, and ``"bytes"``: what each rank sent in the forward. A tuple of layouts runs each in
-    the same launch and returns ``{layout: that dict}``.
+    scored in the forward, ``"bytes"`` and ``"bytes_backward"``: what each rank sent in the forward and in the
+    backward ring, counted from the tensors handed to ``dist.isend``. A tuple of layouts runs each in the same
+    launch and returns ``{layout: that dict}``. ``overlap=False`` runs the serial baseline of
+    :func:`~attncourse.ring.ring_attention` (same results). Raises ValueError/TypeError for shapes that do not split.
     """
     layouts = (layout,) if isinstance(layout, str) else tuple(layout)
     _check_qkv(query, key, value)
@@ -47,10 +54,60 @@ def distributed_training_step(query: torch.Tensor, key: torch.Tensor, value: tor
                          f"{tuple(grad_out.shape)}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    ranks = run_distributed(_training_worker, world_size, query, key, value, grad_out, is_causal, layouts,
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be a bool, got {type(overlap).__name__}")
+    ranks = run_distributed(_training_worker, world_size, query, key, value, grad_out, is_causal, layouts, overlap,
                             timeout=timeout)
     got = {}
     for lay in layouts:
         got[lay] = {name: _unsplit([r[lay][i] for r in ranks], lay) for i, name in enumerate(("out", "dq", "dk", "dv"))}
         got[lay]["pairs"], got[lay]["bytes"] = [r[lay][4] for r in ranks], [r[lay][5] for r in ranks]
+        got[lay]["bytes_backward"] = [r[lay][6] for r in ranks]
     return got[layout] if isinstance(layout, str) else got
+
+
+def _timing_worker(rank: int, world_size: int, n_heads: int, seq_len: int, head_dim: int, repeats: int,
+                   is_causal: bool) -> dict:
+    """One rank of :func:`ring_overlap_timing`: forward + backward of ring attention on its block, timed from a
+    barrier to the end of its backward, with overlap on and off in alternating order (one warm-up each)."""
+    gen = torch.Generator().manual_seed(rank)
+    t_r = seq_len // world_size
+    q, k, v = (torch.randn(1, n_heads, t_r, head_dim, generator=gen).requires_grad_(True) for _ in range(3))
+    times = {True: [], False: []}
+    waits = {True: [], False: []}
+    for rep in range(repeats + 1):
+        for overlap in ((True, False) if rep % 2 else (False, True)):
+            dist.barrier()
+            start = time.perf_counter()
+            r = ring_attention(q, k, v, is_causal=is_causal, overlap=overlap)
+            r.out.sum().backward()
+            elapsed = time.perf_counter() - start
+            if rep > 0:  # the first round warms up
+                times[overlap].append(elapsed)
+                waits[overlap].append(r.traffic["wait_s"] + r.traffic["wait_s_backward"])
+    return {"times": times, "waits": waits}
+
+
+def ring_overlap_timing(world_size: int, *, seq_len: int = 4096, n_heads: int = 8, head_dim: int = 64,
+                        repeats: int = 3, is_causal: bool = False, timeout: float = 600.0) -> dict:
+    """Time a training step (forward and backward ring) of ring attention on `world_size` gloo processes, with
+    the transfers overlapped with compute and serialised (each waited for as soon as it starts).
+
+    Every rank holds (1, n_heads, seq_len / W, head_dim) float32 blocks. Each repeat runs both modes (order
+    alternating, after a warm-up). Returns ``{"overlap": [...], "serial": [...]}``: per repeat, the step time in
+    seconds of the slowest rank (the ring waits for it), and ``{"overlap_wait": [...], "serial_wait": [...]}``:
+    per repeat, the seconds the slowest rank spent blocked waiting for transfers. Raises ValueError for
+    non-positive sizes or a length that does not split.
+    """
+    for name, x in (("world_size", world_size), ("seq_len", seq_len), ("n_heads", n_heads),
+                    ("head_dim", head_dim), ("repeats", repeats)):
+        _validate.positive_int(name, x)
+    if seq_len % world_size:
+        raise ValueError(f"seq_len={seq_len} must be divisible by world_size={world_size}")
+    ranks = run_distributed(_timing_worker, world_size, n_heads, seq_len, head_dim, repeats, is_causal,
+                            timeout=timeout)
+    got = {}
+    for overlap, name in ((True, "overlap"), (False, "serial")):
+        got[name] = [max(r["times"][overlap][i] for r in ranks) for i in range(repeats)]
+        got[name + "_wait"] = [max(r["waits"][overlap][i] for r in ranks) for i in range(repeats)]
+    return got

@@ -137,6 +137,25 @@ def test_paged_alibi_bug(tmp_path, monkeypatch):
 
     refused("11-find-the-bug-1", scores_then_softmax, tmp_path, monkeypatch, because="whole sequence")
 
+    def page_number_as_position(query, k_pages, v_pages, block_table, length, slopes):  # the exercise's bug
+        h, d = query.shape
+        hkv, page = k_pages.shape[1], k_pages.shape[2]
+        kv_of = torch.arange(h) // (h // hkv)
+        m = torch.full((h,), -math.inf, dtype=query.dtype)
+        l, acc = torch.zeros(h, dtype=query.dtype), torch.zeros(h, d, dtype=query.dtype)
+        for i, p in enumerate(block_table):
+            n = min(page, length - i * page)
+            k, v = k_pages[p, kv_of, :n], v_pages[p, kv_of, :n]
+            s = (k @ query[:, :, None]).squeeze(-1) / math.sqrt(d)
+            s = s - slopes[:, None] * ((length - 1) - (p * page + torch.arange(n)))[None, :]
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha, e = torch.exp(m - m_new), torch.exp(s - m_new[:, None])
+            l, acc, m = alpha * l + e.sum(-1), alpha[:, None] * acc + (e[:, None, :] @ v).squeeze(1), m_new
+        return acc / l[:, None]
+
+    with pytest.raises(checks.CheckFailed, match="out of order"):  # the case that shows it is named
+        checks.check("11-find-the-bug-1", page_number_as_position)
+
     def package(query, k_pages, v_pages, block_table, length, slopes):
         from attncourse.classroom.checks.ch11 import paged_alibi_reference
         return paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from attncourse import scaled_dot_product_attention
 from attncourse.ring import (_attention_worker, distributed_attention, ring_attention, ring_bytes_per_rank,
                              ring_chunks, ring_pair_work, run_distributed, ulysses_bytes_per_rank)
-from attncourse.ring_train import distributed_training_step
+from attncourse.classroom.checks.ch11 import ring_backward_bytes
+from attncourse.ring_train import distributed_training_step, ring_overlap_timing
 
 TIMEOUT = 90.0
 
@@ -60,18 +61,32 @@ def test_zigzag_equals_single_process_and_balances(zigzag_two_ranks, is_causal):
     assert sum(pairs) == (12 * 13 // 2 if is_causal else 144)
 
 
-@pytest.mark.parametrize("world,layout,is_causal", [(2, "contiguous", True), (2, "zigzag", False),
-                                                    (4, "zigzag", True), (4, "contiguous", False)])
-def test_backward_ring_gradients_equal_single_process(world, layout, is_causal):
-    q, k, v, g = qkv(16, 2, 3 + world, n=4)
-    got = distributed_training_step(q, k, v, g, world, is_causal=is_causal, layout=layout, timeout=TIMEOUT)
+@pytest.mark.parametrize("world,layout,is_causal,overlap", [(2, "contiguous", True, True), (2, "zigzag", False, True),
+                                                            (4, "zigzag", True, True), (4, "contiguous", False, True),
+                                                            (3, "zigzag", True, False)])
+def test_backward_ring_gradients_equal_single_process(world, layout, is_causal, overlap):
+    q, k, v, g = qkv(24, 2, 3 + world, n=4)
+    got = distributed_training_step(q, k, v, g, world, is_causal=is_causal, layout=layout, timeout=TIMEOUT,
+                                    overlap=overlap)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, is_causal=is_causal)
     (out * g).sum().backward()
     torch.testing.assert_close(got["out"], out.detach(), rtol=1e-10, atol=1e-10)
     for name, leaf in zip(("dq", "dk", "dv"), leaves):
         torch.testing.assert_close(got[name], leaf.grad, rtol=1e-9, atol=1e-10, msg=name)
-    assert got["pairs"] == ring_pair_work(16, world, is_causal=is_causal, layout=layout)
+    assert got["pairs"] == ring_pair_work(24, world, is_causal=is_causal, layout=layout)
+    # bytes counted at dist.isend on every rank, forward and backward, against the formulas
+    assert got["bytes"] == [ring_bytes_per_rank(1, 2, 24, 6, world, 8)] * world
+    assert got["bytes_backward"] == [ring_backward_bytes(1, 2, 24, 6, world, 8)] * world
+
+
+def test_overlap_timing_returns_both_modes():
+    got = ring_overlap_timing(2, seq_len=8, n_heads=1, head_dim=4, repeats=3, timeout=TIMEOUT)
+    assert set(got) == {"overlap", "serial", "overlap_wait", "serial_wait"}
+    assert all(len(v) == 3 and all(0 <= x < 60 for x in v) for v in got.values())
+    assert all(w <= t for w, t in zip(got["serial_wait"], got["serial"]))  # blocked time is part of the step
+    with pytest.raises(ValueError, match="divisible"):
+        ring_overlap_timing(3, seq_len=8)
 
 
 def test_pair_work_contiguous_is_unbalanced_zigzag_is_not():
@@ -107,6 +122,8 @@ def test_bad_input_in_this_process():
         ring_attention(q, q, q, is_causal=1)
     with pytest.raises(ValueError, match="layout"):
         ring_attention(q, q, q, layout="striped")
+    with pytest.raises(TypeError, match="overlap"):
+        ring_attention(q, q, q, overlap=1)
     with pytest.raises(ValueError, match="world_size"):
         run_distributed(_attention_worker, 0)
     with pytest.raises(ValueError, match="importable"):

@@ -230,11 +230,10 @@ def _page_by_page(runs) -> str | None:
           allow=(), ops=("attention",), prop=_page_by_page,
           prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence",
           breakers=(_breaker_paged_alibi,),
-          bug_words=("modulo", "// group", "consecutive query heads", "adjacent query heads", "which KV head",
-                     "wrong KV head", "cyclic", "remainder"),
-          hint="test more query heads than KV heads with more than one KV head (say 4 over 2), and compare each "
-               "query head's output with dense attention over the keys it should see: which heads come out wrong, "
-               "and which are right?")
+          bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index"),
+          hint="the first tests use block tables of one particular kind; build a pool the way a server fills one "
+               "(the lesson decoded several sequences round-robin), test a sequence from it against dense attention "
+               "over its keys, and look at which inputs the step's bias depends on")
 def _paged_alibi_cases():
     """Find and fix the bug in a paged decode step with ALiBi and grouped-query attention."""
     gen = torch.Generator().manual_seed(14)
