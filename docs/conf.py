@@ -56,7 +56,7 @@ html_theme_options = {
     "show_navbar_depth": 1,
     "show_toc_level": 2,
     "home_page_in_toc": True,
-    "use_download_button": True,
+    "use_download_button": False,  # the lesson box says how to get and run the notebooks
     "navigation_with_keys": False,
 }
 html_last_updated_fmt = None

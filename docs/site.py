@@ -334,6 +334,9 @@ def build(solutions: bool = True, clean: bool = False) -> Path:
             shutil.rmtree(d, ignore_errors=True)
     SRC.mkdir(parents=True, exist_ok=True)
     stage(solutions)
+    # viewcode rewrites a module's source page only when the module changed, so its anchors go stale when the
+    # documented members change (a page or a setting): rewrite them every time (a few seconds)
+    shutil.rmtree(OUT / "_modules", ignore_errors=True)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-j", "auto",
            "-d", str(DOCTREES), str(SRC), str(OUT)]
     if not solutions:

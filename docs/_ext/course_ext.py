@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import re
 import shutil
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 # What the site needs of MathJax 3 (tex-chtml and what it loads on demand: TeX extensions, fonts, menu,
 # accessibility, English speech rules); the package ships more (SVG output, other languages).
@@ -80,8 +83,80 @@ def _missing_reference(app, env, node, contnode):
     return None
 
 
+_LITERAL = re.compile(r"(``.*?``)")
+_DOLLAR = re.compile(r"(?<![\\$\w])\$([^$\n]+?)\$(?![\w$])")
+
+
+def _dollar_math(app, what, name, obj, options, lines) -> None:
+    """Docstrings written for Jupyter's help use $...$ for math: the site typesets it as :math:`...`."""
+    for i, line in enumerate(lines):
+        if "$" in line:
+            parts = _LITERAL.split(line)
+            lines[i] = "".join(p if p.startswith("``") else _DOLLAR.sub(r":math:`\1`", p) for p in parts)
+
+
+def _signature(obj) -> str:
+    """``(query, key, value, attn_mask=None, *, is_causal=False, ...)``: names and defaults, no annotations."""
+    params, star = [], False
+    for p in inspect.signature(obj).parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            params.append(f"*{p.name}")
+            star = True
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            params.append(f"**{p.name}")
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            params.append("*")
+            star = True
+        text = p.name
+        if p.default is not p.empty:
+            value = repr(p.default)
+            text += "=" + ("<required>" if value.startswith("<") else value)
+        params.append(text)
+    return "(" + ", ".join(params) + ")"
+
+
+class Signatures(SphinxDirective):
+    """A code block of the named objects' signatures, read from the package when the site is built."""
+
+    has_content = True
+
+    def run(self):
+        lines = []
+        for name in (line.strip() for line in self.content):
+            if not name:
+                continue
+            module_name, obj = name, None
+            rest: list[str] = []
+            while module_name:
+                try:
+                    obj = importlib.import_module(module_name)
+                    break
+                except ImportError:
+                    module_name, _, last = module_name.rpartition(".")
+                    rest.insert(0, last)
+            try:
+                for attr in rest:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                obj = None
+            if obj is None or not callable(obj):
+                _log.warning("the API has no %s (course-signatures)", name, location=self.get_location())
+                continue
+            lines.append(name.removeprefix("attncourse.") + _signature(obj))
+        text = "\n".join(lines)
+        block = nodes.literal_block(text, text)
+        block["language"] = "python"
+        return [block]
+
+
 def setup(app):
     _mathjax_dir()  # fail early, before any page is read
     app.connect("build-finished", _copy_mathjax)
     app.connect("missing-reference", _missing_reference)
+    app.connect("autodoc-process-docstring", _dollar_math)
+    app.add_directive("course-signatures", Signatures)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
