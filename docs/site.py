@@ -107,7 +107,8 @@ def lesson_box(ch: dict, nxt: dict | None) -> str:
         links.append(f"next lesson: [{md_link(nxt['heading'])}]({nxt['stem']}.ipynb)")
     else:
         links.append("this is the last lesson: back to the [chapter map](../index.md)")
-    body = " ".join(lines) + "\n\n" + "; ".join(links).capitalize() + "."
+    links_text = "; ".join(links)
+    body = " ".join(lines) + "\n\n" + links_text[0].upper() + links_text[1:] + "."
     return f"```{{admonition}} This lesson is {path}\n:class: tip\n\n{body}\n```"
 
 
@@ -175,7 +176,7 @@ def stage_api(chs: list[dict]) -> list[str]:
         if not mods:
             continue
         names = ", ".join(f"`attncourse.{m}`" for m in mods)
-        text = (f"# {ch['nn']} · {ch['title']}\n\nThe modules chapter {ch['nn']} "
+        text = (f"# {ch['nn']} · {ch['title']}: the API\n\nThe modules chapter {ch['nn']} "
                 f"([lesson](../notebooks/{ch['stem']}.ipynb)) introduces: {names}. Shapes follow the course's "
                 "notation: B batch, H heads, T (Tq, Tk) positions, D head dim.\n\n")
         text += "\n".join(automodule(f"attncourse.{m}") for m in mods)
