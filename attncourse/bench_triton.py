@@ -7,7 +7,7 @@
   backend (``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``) and, where it runs, to cuDNN
   (``SDPBackend.CUDNN_ATTENTION``). Throughput in TFLOP/s (:func:`attncourse.triton_flash.attention_flops`,
   causal halved) from ``triton.testing.do_bench`` (warm-up, L2 flush, median). Forward plus backward in ms.
-- **Decode**, float16, B = 1, H = 32, Hkv = 8, D = 128, Tk = 32768: :func:`attncourse.triton_flash_decode`
+- **Decode**, float16, B = 1, H = 32, Hkv = 8, D = 128, Tk = 32768: :func:`attncourse.triton_decode.triton_flash_decode`
   for num_splits 1, 2, 4, ... 64 and the default heuristic, in microseconds.
 
 It writes ``results.json`` and ``bench_triton.png`` (the figure chapter 10 describes) to DIR (default

@@ -7,14 +7,14 @@ encoder annotations $h_1 \dots h_T$ are the **keys** (and, by default, the **val
 
     e_j = \mathrm{score}(s, h_j), \qquad \alpha = \mathrm{softmax}(e), \qquad c = \sum_j \alpha_j h_j
 
-========  =========================================  ==========================
-score     :math:`\mathrm{score}(s, h)`                parameters
-========  =========================================  ==========================
-additive  :math:`v^\top \tanh(W_q s + W_k h)`         :math:`A (D_q + D_k + 1)`
-dot       :math:`s^\top h` (needs :math:`D_q = D_k`)  0
-general   :math:`s^\top W h`                          :math:`D_q D_k`
-concat    :math:`v^\top \tanh(W [s; h])`              :math:`A (D_q + D_k + 1)`
-========  =========================================  ==========================
+========  ============================================  ==========================
+score     :math:`\mathrm{score}(s, h)`                  parameters
+========  ============================================  ==========================
+additive  :math:`v^\top \tanh(W_q s + W_k h)`           :math:`A (D_q + D_k + 1)`
+dot       :math:`s^\top h` (needs :math:`D_q = D_k`)    0
+general   :math:`s^\top W h`                            :math:`D_q D_k`
+concat    :math:`v^\top \tanh(W [s; h])`                :math:`A (D_q + D_k + 1)`
+========  ============================================  ==========================
 
 (:math:`A` is the attention's hidden size.) Both modules share the signature
 ``forward(query (B, Dq), keys (B, T, Dk), values=None, mask=None) -> (context (B, Dv), weights (B, T))``;
