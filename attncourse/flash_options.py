@@ -223,7 +223,7 @@ def flash_attention_options(query: torch.Tensor, key: torch.Tensor, value: torch
             ``(w, w)`` a two-sided local window (Longformer-style encoders).
         is_causal: sets ``right = 0`` (bottom-right aligned, as FlashAttention >= 2.1).
         softcap: None or c > 0: each scaled score s becomes c tanh(s / c) (Gemma 2: 50 on attention logits).
-        alibi_slopes: None or (H,): adds -slope_h |p - j| to the scores (FlashAttention's ``alibi_slopes``).
+        alibi_slopes: None or (H,): adds ``-slope_h * |p - j|`` to the scores (FlashAttention's ``alibi_slopes``).
         dropout_p, seed: attention dropout after the softmax; the mask is :func:`dropout_keep` (regenerated in the
             backward, never stored).
         scale: defaults to 1/sqrt(D). block_q, block_k: tile sizes.
