@@ -190,7 +190,7 @@ def first_token_weight(weights: torch.Tensor, *, min_query: int = 1) -> torch.Te
 
 
 def largest_activations(states: list[torch.Tensor]) -> tuple[float, float]:
-    """(the largest |activation| anywhere in the residual streams given, that over the median |activation|).
+    """(the largest absolute activation anywhere in the residual streams given, that over the median absolute activation).
 
     states: a list of (B, T, d_model) tensors, e.g. the residual stream after each block. Sun et al. (2024) call
     activations far larger than all others (up to 100,000 times, their abstract) "massive"; a small

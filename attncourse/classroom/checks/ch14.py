@@ -47,7 +47,7 @@ def _no_token_scores(runs) -> str | None:
 
 def _breaker_token_scores(query, key, block_size, top_k):
     """Every query-key score, then averaged per block: the same gate values, T x T work (refused by the property)."""
-    b, h, t, d = query.shape
+    b, h, t = query.shape[:3]
     hkv = key.shape[1]
     nb = -(-t // block_size)
     k = key.repeat_interleave(h // hkv, dim=1)
