@@ -236,7 +236,10 @@ def kernel_manager():
 
     class CurrentEnvSpecs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
-            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            # log level ERROR: ipykernel's "running over TCP without encryption" warning (a kernel on this
+            # machine, started by this process) would otherwise be printed once per notebook
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                    "--IPKernelApp.log_level=ERROR"],
                               display_name=KERNELSPEC["display_name"], language="python")
 
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())

@@ -49,7 +49,8 @@ import torch
 from . import forbidden
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
-           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property", "uses"]
+           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property", "uses",
+           "diagnose", "install_notes", "quiet_note"]
 
 # What an exercise asks of the learner. Every chapter has at least one of each (tests/test_exercise_standard.py).
 #   implement:  write a function the lesson did not show line by line; `forbid` names the library functions
@@ -77,8 +78,83 @@ class ExerciseNotDone(NotImplementedError):
         return render(self)
 
 
+# ----------------------------------------------------------------------------- calm notes in a learner's kernel
+# An exercise notebook run top to bottom before any answer is written raises NotImplementedError in each stub and
+# ExerciseNotDone in each check. Shown as errors, that is a page of red for a notebook in its normal state. In a
+# learner's IPython kernel, those two (and only those: a stub's own `raise NotImplementedError()` line, or a check
+# saying "not attempted yet") are shown as a plain note on stdout instead; the cell still fails (Run All goes on
+# past it through the exercise notebooks' `raises-exception` tags, and nothing after it in the cell runs). Under
+# nbgrader (NBGRADER_EXECUTION is set while it autogrades or validates) they stay errors: nbgrader gives a check
+# cell its points when it shows no error output.
+STUB_LINE = "raise NotImplementedError()"
+
+
+def quiet_note(err: BaseException) -> str | None:
+    """The note shown in place of `err`'s traceback, or None to show the traceback (see above)."""
+    if isinstance(err, ExerciseNotDone):
+        return str(err)
+    if type(err) is not NotImplementedError or err.args:
+        return None
+    frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
+    if not frames or (frames[-1].line or "").strip() != STUB_LINE or not _in_notebook(frames[-1]):
+        return None
+    where = frames[-1].name
+    if where == "<module>":
+        return "note: your answer goes in this cell, in place of `raise NotImplementedError()`; not written yet"
+    return (f"note: this cell runs `{where}`, which is not written yet (it still raises NotImplementedError); "
+            "it will show its result once it is")
+
+
+def _in_notebook(frame) -> bool:
+    return "ipykernel_" in frame.filename or frame.filename.startswith(("<ipython-input", "<cell"))
+
+
+def install_notes() -> bool:
+    """Show :func:`quiet_note`'s notes instead of tracebacks in this IPython kernel (done when the checks are
+    imported; not under nbgrader). True when installed now or before."""
+    import os
+
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or os.environ.get("NBGRADER_EXECUTION") or not hasattr(shell, "_showtraceback"):
+        return False
+    if getattr(shell, "_attncourse_notes", False):
+        return True
+    original = shell._showtraceback
+
+    def showtraceback(etype, evalue, stb):
+        note = quiet_note(evalue) if isinstance(evalue, BaseException) else None
+        if note is None:
+            return original(etype, evalue, stb)
+        import sys
+
+        print(note, file=sys.stdout, flush=True)
+
+    shell._showtraceback = showtraceback
+    shell._attncourse_notes = True
+    return True
+
+
+WIDTH = 110  # feedback lines are wrapped here, between words (a browser would break them inside words)
+
+
+def wrap(line: str, width: int = WIDTH) -> list[str]:
+    """`line` wrapped at spaces, continuation lines indented two more than its own indent."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    return textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ", break_long_words=False,
+                         break_on_hyphens=False, drop_whitespace=True) or [line]
+
+
 def render(err: BaseException) -> list[str]:
-    """What a learner sees for a failed check: the message, then the learner's own frames of its cause."""
+    """What a learner sees for a failed check: the message, then the learner's own frames of its cause, each line
+    wrapped between words."""
     lines = str(err).split("\n")
     cause = err.__cause__
     if cause is not None and cause.__traceback__ is not None:
@@ -87,7 +163,7 @@ def render(err: BaseException) -> list[str]:
         at = next((i for i, line in enumerate(lines) if line.startswith("  hint:")), len(lines))
         lines[at:at] = [f"  your code{'' if f.name == '<module>' else f' in {f.name}'}, line {f.lineno} of its "
                         f"cell: {(f.line or '').strip()}" for f in frames[-3:]]
-    return lines
+    return [part for line in lines for part in wrap(line)]
 
 
 @dataclass
@@ -276,6 +352,7 @@ def exercises_for(chapter: str) -> list[Exercise]:
 
 # ----------------------------------------------------------------------------- comparison and feedback
 
+from .mistakes import diagnose  # noqa: E402
 from .comparing import (_brief, _compare, _cut, _describe, _describe_kind, _few_valued, _fmt, _off_by,  # noqa: E402
                         _wrong_parts, compare, feedback, to_portable)
 
@@ -322,9 +399,18 @@ def judge_property(ex: Exercise, runs: list[Run]) -> str | None:
     return ex.prop(runs)
 
 
-def _failure(ex: Exercise, case: Case, detail: str) -> CheckFailed:
-    lines = [f"✗ {ex.id}: case '{case.name}' failed", f"  {_cut(detail, 400)}"]
-    if ex.hint:
+def case_label(case: Case) -> str:
+    """A case's name as feedback quotes it (in “…”, so that a name holding ' or " reads right)."""
+    return f"“{case.name}”"
+
+
+def _failure(ex: Exercise, case: Case, detail: str, mistake: str | None = None) -> CheckFailed:
+    """A failed case: what differs, then a hint: the mistake recognised in the answer (see :mod:`.mistakes`),
+    else the exercise's general hint."""
+    lines = [f"✗ {ex.id}: case {case_label(case)} failed", f"  {_cut(detail, 400)}"]
+    if mistake:
+        lines.append(f"  hint: {mistake}")
+    elif ex.hint:
         lines.append(f"  hint: {ex.hint}")
     return CheckFailed("\n".join(lines))
 
@@ -367,10 +453,13 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err
         detail = feedback(ex, got, case)
         if detail:
-            raise _failure(ex, case, detail) from None
+            raise _failure(ex, case, detail, diagnose(ex, got, case)) from None
     detail = judge_property(ex, runs)
     if detail:
         raise CheckFailed("\n".join([f"✗ {ex.id}: every case gives the right result, but not the way this exercise "
                                      f"asks", f"  {_cut(detail, 400)}"] + ([f"  hint: {ex.hint}"] if ex.hint else [])))
     _PASSED.add(ex.id)
     print(f"✓ {ex.id}: all {len(cases)} case(s) passed")
+
+
+install_notes()
