@@ -140,8 +140,36 @@ def write_nbgrader_source(course: Path, root: Path = ROOT) -> list[Path]:
     return written
 
 
+def _committed_text(root: Path, rel: str) -> str | None:
+    """The committed text of `rel` (None outside a git checkout or for an untracked file)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(root), "show", f"HEAD:{rel}"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def keep_learner_work(path: Path, root: Path = ROOT) -> Path | None:
+    """Before `path` (a file in exercises/) is overwritten: if it differs from its committed version (someone
+    answered in it, before ``./course lab`` gave learners their own copies in my-work/), copy it to
+    ``my-work/backups/`` and return the copy. Regenerating the exercises never destroys work."""
+    if not path.exists():
+        return None
+    rel = path.resolve().relative_to(Path(root).resolve()).as_posix()
+    if _committed_text(root, rel) == path.read_text(encoding="utf-8"):
+        return None
+    backup = Path(root) / "my-work" / "backups" / f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}"
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    backup.write_bytes(path.read_bytes())
+    print(f"note: {rel} had changes of its own (answers?): kept as {backup.relative_to(root)}", file=sys.stderr)
+    return backup
+
+
 def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]:
-    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed."""
+    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed. A file with
+    uncommitted changes of its own is first copied to my-work/backups/ (:func:`keep_learner_work`)."""
     changed = []
     (root / "exercises").mkdir(exist_ok=True)
     sources = sorted((root / "solutions").glob("*.ipynb"))
@@ -151,11 +179,13 @@ def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]
         if not dst.exists() or dst.read_text(encoding="utf-8") != want:
             changed.append(dst.name)
             if not check_only:
+                keep_learner_work(dst, root)
                 dst.write_text(want, encoding="utf-8")
     stale = {p.name for p in (root / "exercises").glob("*.ipynb")} - {p.name for p in sources}
     for name in sorted(stale):
         changed.append(name)
         if not check_only:
+            keep_learner_work(root / "exercises" / name, root)
             (root / "exercises" / name).unlink()
     return changed
 

@@ -189,6 +189,10 @@ def _build(out: Path, root: Path, *, force: bool, make_zip: bool) -> Path:
         for src in sorted((root / "exercises").glob("*.ipynb")):
             shutil.copy2(src, out / "exercises" / src.name)
     (out / "README.md").write_text(student_readme(root), encoding="utf-8")
+    ignore = out / ".gitignore"
+    if ignore.exists():  # a student repository commits the learner's work: my-work/ is ignored only in the course's
+        ignore.write_text("".join(line for line in ignore.read_text(encoding="utf-8").splitlines(keepends=True)
+                                  if line.strip().rstrip("/") != "my-work"), encoding="utf-8")
     for path in sorted([*(out / "notebooks").glob("*.ipynb"), *(out / "exercises").glob("*.ipynb")]):
         _without_solution_links(path)
     (out / STAMP).write_text("Student release of attncourse, built by `python -m attncourse.release`.\n",

@@ -74,7 +74,8 @@ def rewrite_links(source: str, available: set[str], rename: bool = True) -> str:
                                            match.group(5) or "")
         if folder not in available:
             return f"{label} {NOT_HERE}"
-        return f"[{label}]({up}{folder}/{work_name(folder, name) if rename else name}{anchor})"
+        new = work_name(folder, name) if rename else name
+        return f"[{label.replace(name, new)}]({up}{folder}/{new}{anchor})"
 
     return _LINK.sub(fix, source)
 
@@ -270,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== checking {target.relative_to(root.resolve()) if target.is_relative_to(root.resolve()) else target} "
           "as the grader would (your saved file: save in JupyterLab first; hidden tests are not run)", file=sys.stderr)
-    return grade([str(target), "--no-hidden", "--no-progress"])
+    status = grade([str(target), "--no-hidden", "--no-progress"])
+    print("(written answers are graded by hand and are not part of this score)", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
