@@ -138,7 +138,7 @@ def install_notes() -> bool:
     return True
 
 
-WIDTH = 110  # feedback lines are wrapped here, between words (a browser would break them inside words)
+WIDTH = 120  # feedback lines are wrapped here, between words (a browser would break them inside words)
 
 
 def wrap(line: str, width: int = WIDTH) -> list[str]:
