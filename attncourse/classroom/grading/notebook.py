@@ -74,7 +74,7 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
                     if time.monotonic() > deadline:
                         notes.append(f"notebook time limit ({timeout:g} s) reached at {cell_name(index, nb)}; "
                                      "later cells not run")
-                        stopped.append((index, "was not run (the notebook's time limit was reached there)"))
+                        stopped.append((index, "was not run: the notebook's time limit was reached there"))
                         break
                     limit = session.limit()
                     if not execute(client, cell, index, limit):
@@ -121,18 +121,19 @@ def explain_missing(e: ExerciseResult, nb: nbformat.NotebookNode, stopped: list[
     if e.status != "missing" or not stopped or "is not defined" not in e.message:
         return e
     ex = checks.get(e.id)
-    where = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and defines(c.source, ex.target)]
+    answer = {f"{i}-answer" for i in (ex.id, *ex.aliases)}
+    where = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (
+        defines(c.source, ex.target) or c.metadata.get("nbgrader", {}).get("grade_id") in answer)]
     for index, why in stopped:
         if index in where:
             return ExerciseResult(e.id, e.points, e.max_points, "timeout",
-                                  f"`{ex.target}` is defined in {cell_name(index, nb)}, which {why}, so it was "
-                                  "never defined")
+                                  f"`{ex.target}` was never defined: its cell, {cell_name(index, nb)}, {why}")
     before = [(index, why) for index, why in stopped if where and index < where[0]]
     if not before:
         return e
     index, why = before[0]
     if index == stopped[-1][0] and "time limit" in why:
-        text = f"{cell_name(where[0], nb)}, which defines `{ex.target}`, was not reached: {cell_name(index, nb)} {why}"
+        text = f"`{ex.target}` was never defined: its cell, {cell_name(where[0], nb)}, was not reached ({cell_name(index, nb)} {why})"
     else:
         text = (f"`{ex.target}` was still not defined after {cell_name(where[0], nb)}, which defines it, ran; an "
                 f"earlier cell, {cell_name(index, nb)}, {why} (does yours depend on it?)")
