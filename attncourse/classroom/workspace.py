@@ -115,10 +115,11 @@ def sources(root: Path = ROOT) -> list[tuple[str, Path]]:
     return [(folder, path) for folder in KINDS for path in sorted((root / folder).glob("*.ipynb"))]
 
 
-def prepare(root: Path = ROOT, out=sys.stdout) -> dict[str, list[str]]:
+def prepare(root: Path = ROOT, out=None) -> dict[str, list[str]]:
     """Create the missing copies and bring the untouched ones up to date; never change an edited copy.
     Returns ``{"created": [...], "updated": [...], "kept": [...]}`` (paths relative to the course root;
     "kept": edited copies whose course version changed since)."""
+    out = out or sys.stdout
     work = root / WORK
     state = _load_state(work)
     available = {folder for folder in KINDS if (root / folder).is_dir()}
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("check", help="score a notebook as the grader would (no hidden tests)")
     chk.add_argument("what", help="a notebook path, or a chapter number (your exercises of that chapter)")
     args = parser.parse_args(argv)
-    root = ROOT
+    # the course folder this runs in (`./course` runs from its own folder), else the package's checkout
+    root = Path.cwd() if (Path.cwd() / "notebooks").is_dir() else ROOT
     if args.command == "prepare":
         prepare(root)
         return 0
