@@ -81,7 +81,8 @@ def feedback_markdown(r: NotebookResult) -> str:
             if ex is not None and ex.title:
                 lines += [ex.title.strip(), ""]
             lines += ["```text", e.message, "```", ""]
-            if ex is not None and ex.hint and e.status in ("failed", "error"):  # a hint for a wrong answer only
+            if ex is not None and ex.hint and e.status in ("failed", "error") and "this looks like:" not in e.message:
+                # a hint for a wrong answer only, and only when the message has not named the mistake already
                 lines += [f"Hint: {ex.hint}", ""]
     elif r.exercises and all(e.message == NOT_GRADED for e in r.exercises):
         lines += ["No exercise could be graded: the file is not a readable notebook. Check that you handed in the "
