@@ -154,7 +154,7 @@ def test_copies_are_made_once_with_names_that_tell_tabs_apart_and_links_that_wor
             for target in re.findall(r"\]\(([^)#]+)", cell.source):
                 assert (path.parent / target).resolve().exists(), f"{path.name}: {target}"
     text = (work / "exercises" / "99_exercises_demo.ipynb").read_text(encoding="utf-8")
-    assert "[`../solutions/99_solutions_demo.ipynb`](../solutions/99_solutions_demo.ipynb)" in text
+    assert "[../solutions/99_solutions_demo.ipynb](../solutions/99_solutions_demo.ipynb)" in text  # a link, not code
     assert "raises-exception" in text  # Run All still goes past the stubs in the copy
 
 

@@ -75,7 +75,10 @@ def rewrite_links(source: str, available: set[str], rename: bool = True) -> str:
         if folder not in available:
             return f"{label} {NOT_HERE}"
         new = work_name(folder, name) if rename else name
-        return f"[{label.replace(name, new)}]({up}{folder}/{new}{anchor})"
+        label = label.replace(name, new)
+        if re.fullmatch(r"`[^`]+\.ipynb`", label):  # a path as inline code reads as code, not as a link
+            label = label.strip("`")
+        return f"[{label}]({up}{folder}/{new}{anchor})"
 
     return _LINK.sub(fix, source)
 
