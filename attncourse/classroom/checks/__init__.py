@@ -101,8 +101,7 @@ def quiet_note(err: BaseException) -> str | None:
     where = frames[-1].name
     if where == "<module>":
         return "note: your answer goes in this cell, in place of `raise NotImplementedError()`; not written yet"
-    return (f"note: this cell runs `{where}`, which is not written yet (it still raises NotImplementedError); "
-            "it will show its result once it is")
+    return f"note: this cell runs `{where}`, which is not written yet; it shows its result once it is"
 
 
 def _in_notebook(frame) -> bool:
@@ -131,7 +130,7 @@ def install_notes() -> bool:
             return original(etype, evalue, stb)
         import sys
 
-        print(note, file=sys.stdout, flush=True)
+        print("\n".join(part for line in note.split("\n") for part in wrap(line)), file=sys.stdout, flush=True)
 
     shell._showtraceback = showtraceback
     shell._attncourse_notes = True
@@ -272,7 +271,8 @@ class uses:
         if not waiting:
             return False
         names = ", ".join(f"`{ex.target}` ({ex.id})" for ex in self.exercises)
-        print(f"note: this cell runs your answer {names}; it will show its result once that answer is written.")
+        print("\n".join(wrap(f"note: this cell runs your answer {names}; it will show its result once that answer "
+                             "is written.")))
         return True
 
 
