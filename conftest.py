@@ -10,3 +10,8 @@ import os
 
 if "inline" not in os.environ.get("MPLBACKEND", "inline"):
     os.environ.pop("MPLBACKEND")
+
+# Chapter 10's kernels autotune over a small search space in the tests (two configs, not 36, per kernel and shape:
+# on a GPU, compiling the full space for every test shape dominated the run). The benchmark and learners keep the
+# full space; see attncourse.triton_common.autotune_search.
+os.environ.setdefault("ATTNCOURSE_AUTOTUNE", "quick")

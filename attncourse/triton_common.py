@@ -38,8 +38,8 @@ LOG2E = 1.4426950408889634  # log2(e): kernels use exp2, so scores are scaled by
 MAX_HEAD_DIM = 256
 
 __all__ = ["ALIGNS", "TRITON_AVAILABLE", "TRITON_VERSION", "Problem", "block_d", "check_block", "check_inputs",
-           "check_scale", "default_blocks", "enable_interpreter", "interpreted", "prepare", "require_triton",
-           "use_autotune"]
+           "check_scale", "default_blocks", "device", "enable_interpreter", "autotune_search", "interpreted", "prepare",
+           "require_triton", "tolerance", "use_autotune"]
 
 if TRITON_AVAILABLE:
 
@@ -131,6 +131,61 @@ def enable_interpreter() -> None:
             module = sys.modules.get(f"{__package__}.{name}")
             if module is not None:
                 importlib.reload(module)
+
+
+def device() -> torch.device:
+    """Where chapter 10's kernels run, decided in one place: ``cuda`` when a GPU is present and the kernels were not
+    built for the interpreter, else ``cpu`` (Triton's interpreter). The lesson, the exercises' launchers and the
+    checks build their tensors here."""
+    if torch.cuda.is_available() and not (os.environ.get("TRITON_INTERPRET") == "1" or interpreted()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+# How close a kernel's result must be to a float64 (or float32) reference, by where it ran and in which dtype.
+# Interpreter: NumPy computes every product in the input dtype with float32 accumulation, so float32 agrees with
+# PyTorch to rounding. NVIDIA GPU: ``tl.dot`` on float32 inputs multiplies in TF32 (10-bit mantissa, Triton's
+# default ``input_precision="tf32"``, as cuBLAS does with ``allow_tf32``), so float32 results differ by ~1e-3; the
+# course keeps TF32 because it is what a float32 ``tl.dot`` does by default on these GPUs and what
+# FlashAttention-style kernels are written for (half precision is the fast path; ``input_precision="ieee"``
+# would make float32 exact and several times slower). The GPU values cover the largest errors one H100 run met
+# (torch 2.11, Triton 3.6, 2026-11-27: float16 3.8e-3, bfloat16 2.1e-2, TF32 gradients 4.0e-3) with headroom.
+_TOLERANCES = {
+    ("cpu", torch.float32): {"rtol": 1e-5, "atol": 2e-5},
+    ("cpu", torch.float16): {"rtol": 2e-3, "atol": 2e-3},
+    ("cuda", torch.float32): {"rtol": 1e-2, "atol": 1e-2},
+    ("cuda", torch.float16): {"rtol": 5e-3, "atol": 5e-3},
+    ("cuda", torch.bfloat16): {"rtol": 3e-2, "atol": 3e-2},
+}
+_GRAD_FACTOR = {"cpu": 10.0, "cuda": 2.0}  # gradients sum more products: looser on the interpreter's tight default
+
+
+def tolerance(dtype: torch.dtype = torch.float32, where: torch.device | str | None = None, *,
+              grad: bool = False) -> dict[str, float]:
+    """``rtol``/``atol`` for ``torch.testing.assert_close`` of a kernel's output (``grad=True``: of its gradients)
+    in `dtype` on `where` (default :func:`device`) against a reference in higher precision.
+
+    Raises ``TypeError`` for a dtype the kernels do not run in (bfloat16 has no interpreter: NumPy lacks it)."""
+    kind = torch.device(where).type if where is not None else device().type
+    kind = "cuda" if kind == "cuda" else "cpu"
+    if (kind, dtype) not in _TOLERANCES:
+        raise TypeError(f"dtype must be one the kernels run in on {kind} "
+                        f"({', '.join(str(d) for k, d in _TOLERANCES if k == kind)}), got {dtype}")
+    tol = dict(_TOLERANCES[(kind, dtype)])
+    if grad:
+        tol = {k: v * _GRAD_FACTOR[kind] for k, v in tol.items()}
+    return tol
+
+
+def autotune_search(search: str | None = None) -> str:
+    """Which autotuning search space the kernels are decorated with: ``"full"`` (the default: what the benchmark
+    and a learner's GPU use) or ``"quick"`` (one or two configs per kernel, so that a GPU test run compiles a few
+    kernels per shape instead of dozens; ``ATTNCOURSE_AUTOTUNE=quick``, set by the test suite's conftest.py).
+    Read when a kernel module is imported."""
+    search = search if search is not None else os.environ.get("ATTNCOURSE_AUTOTUNE", "full")
+    if search not in ("full", "quick"):
+        raise ValueError(f"ATTNCOURSE_AUTOTUNE (search) must be 'full' or 'quick', got {search!r}")
+    return search
 
 
 def require_triton() -> None:

@@ -108,9 +108,12 @@ if TRITON_AVAILABLE:
         tl.store(LSE + row, m + tl.log(total))
 
 
-def decode_configs() -> list:
-    """GPU search space of the partial kernel: key tile, warps, pipeline stages (the query tile is the group)."""
+def decode_configs(search: str | None = None) -> list:
+    """GPU search space of the partial kernel: key tile, warps, pipeline stages (the query tile is the group;
+    `search` as in :func:`attncourse.triton_flash.forward_configs`)."""
     common.require_triton()
+    if common.autotune_search(search) == "quick":
+        return [triton.Config({"BLOCK_K": 64}, num_warps=4, num_stages=3)]
     return [triton.Config({"BLOCK_K": bk}, num_warps=warps, num_stages=stages)
             for bk in (32, 64, 128) for stages in (2, 3, 4) for warps in (2, 4)]
 

@@ -101,8 +101,9 @@ if TRITON_AVAILABLE:
 # ----------------------------------------------------------------------------- autotuning
 
 
-def forward_configs() -> list:
-    """The GPU search space of the forward: tile shapes, warps per program and pipeline stages.
+def forward_configs(search: str | None = None) -> list:
+    """The GPU search space of the forward: tile shapes, warps per program and pipeline stages (`search`:
+    ``"full"``, the default, or ``"quick"``, two configs; see :func:`attncourse.triton_common.autotune_search`).
 
     ``BLOCK_Q x BLOCK_K`` sets how much work one program does per step (bigger tiles reuse each loaded byte more
     but need more registers and shared memory); ``num_warps`` is how many groups of 32 threads run one program;
@@ -110,6 +111,9 @@ def forward_configs() -> list:
     j + 1 overlap the math of tile j). The same space as Triton's fused-attention tutorial.
     """
     common.require_triton()
+    if common.autotune_search(search) == "quick":
+        return [triton.Config({"BLOCK_Q": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+                triton.Config({"BLOCK_Q": 128, "BLOCK_K": 64}, num_warps=8, num_stages=3)]
     return [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
             for bq in (64, 128) for bk in (32, 64, 128) for stages in (2, 3, 4) for warps in (4, 8)]
 

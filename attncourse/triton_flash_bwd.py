@@ -127,9 +127,11 @@ if TRITON_AVAILABLE:
                  (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
-def backward_configs() -> list:
+def backward_configs(search: str | None = None) -> list:
     """The GPU search space of both backward kernels (see :func:`attncourse.triton_flash.forward_configs`)."""
     common.require_triton()
+    if common.autotune_search(search) == "quick":
+        return [triton.Config({"BLOCK_Q": 64, "BLOCK_K": 64}, num_warps=4, num_stages=2)]
     return [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
             for bq, bk in ((32, 64), (64, 64), (64, 128), (128, 64)) for stages in (2, 3) for warps in (4, 8)]
 

@@ -293,17 +293,17 @@ def test_split_experiment_routes_are_refused(tmp_path, monkeypatch):
 
     def one_decode_three_times(seed):  # the splits measured once, with one split, and copied
         gen = torch.Generator().manual_seed(seed)
-        q = torch.randn(1, 4, 1, 32, generator=gen).half()
-        k, v = (torch.randn(1, 1, 128, 32, generator=gen).half() for _ in range(2))
+        q = torch.randn(1, 4, 1, 32, generator=gen)
+        k, v = (torch.randn(1, 1, 128, 32, generator=gen) for _ in range(2))
         kk, vv = (x.double().expand(1, 4, 128, 32) for x in (k, v))
         w = torch.softmax(q.double() @ kk.transpose(-2, -1) / math.sqrt(32), -1)
         error = (triton_flash_decode(q, k, v, num_splits=1).double() - w @ vv).abs().max().item()
         return torch.tensor([error] * 3, dtype=torch.float64)
 
-    with pytest.raises(checks.CheckFailed, match="seed 2"):
+    with pytest.raises(checks.CheckFailed, match="seed 0"):
         checks.check("10-split-experiment", one_decode_three_times)
     with pytest.raises(checks.CheckFailed):
-        checks.check("10-split-experiment", lambda seed: torch.full((3,), 2.0 ** -12, dtype=torch.float64))
+        checks.check("10-split-experiment", lambda seed: torch.full((3,), 1e-7, dtype=torch.float64))
 
 
 def test_plain_pytorch_instead_of_triton_is_refused():

@@ -288,3 +288,66 @@ def test_the_trace_labels_the_inputs_and_their_slices():
     reads = [(t[0], t[1], t[2]) for op in ran["trace"]["ops"] for t in op[3] if t[0] == "arg1"]
     starts = sorted({offset // 8 for label, offset, shape in reads if shape[0] == 4})
     assert starts == [0, 4, 8, 12]
+
+
+def _tamper_via(frame):
+    """What a learner would do with a frame: walk up to the check's frames and switch the guard off."""
+    while frame is not None:
+        guard = frame.f_locals.get("guard") or frame.f_locals.get("self")
+        if isinstance(guard, forbidden.Guard):
+            guard.builtins, guard.families, guard.stop = {}, (), False
+        frame = frame.f_back
+
+
+def test_a_frame_reached_by_an_attribute_or_a_library_is_refused(exercise, verdicts):
+    """Frames reached without a call the profile hook sees (a traceback's tb_frame, a generator's gi_frame,
+    logging's currentframe, traceback.walk_tb) lead to the guard: each route is refused, tampering or not."""
+    ex = exercise(softmax_cases, ("torch.softmax",))
+
+    # each reaches for the guard first, then calls the forbidden function
+    def by_traceback(x):
+        try:
+            raise ValueError
+        except ValueError as err:
+            _tamper_via(err.__traceback__.tb_frame)
+        return torch.softmax(x, -1)
+
+    def by_generator(x):
+        gen = (i for i in range(1))
+        _tamper_via(gen.gi_frame)
+        return torch.softmax(x, -1)
+
+    def by_logging(x):
+        import logging
+        _tamper_via(logging.currentframe())
+        return torch.softmax(x, -1)
+
+    def by_walk_tb(x):
+        import traceback
+        try:
+            raise ValueError
+        except ValueError as err:
+            for frame, _ in traceback.walk_tb(err.__traceback__):
+                _tamper_via(frame)
+        return torch.softmax(x, -1)
+
+    for answer, name in ((by_traceback, "the attribute tb_frame"), (by_generator, "the attribute gi_frame"),
+                         (by_logging, "sys._getframe"), (by_walk_tb, "traceback.walk_tb")):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and name in cell and status == "failed" and name in message, (answer.__name__, cell, status, message)
+
+
+def test_exceptions_and_generators_inside_an_answer_still_work(exercise, verdicts):
+    """The frame routes are refused, not the things that carry frames: an answer that raises and catches, or
+    uses a generator, passes."""
+    ex = exercise(softmax_cases, ("torch.softmax",))
+
+    def honest(x):
+        try:
+            int("not a number")
+        except ValueError as err:
+            assert "not a number" in str(err)
+        rows = list(torch.exp(r - r.max()) for r in x)
+        return torch.stack([r / r.sum() for r in rows])
+
+    assert passed(verdicts(ex, honest))

@@ -311,27 +311,32 @@ SPLIT_EXPERIMENT = dict(batch=1, heads=4, kv_heads=1, k_len=128, head_dim=32, sp
 
 
 def split_errors_reference(seed: int) -> torch.Tensor:
-    """Max |decode - oracle| (oracle in float64) for each number of splits, on the seeded float16 inputs."""
+    """Max |decode - oracle| (oracle in float64) for each number of splits, on the seeded float32 inputs, with the
+    kernel on :func:`attncourse.triton_common.device` (a GPU if there is one, else the interpreter)."""
+    from attncourse import triton_common
+
     td, e = _triton_decode(), SPLIT_EXPERIMENT
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(e["batch"], e["heads"], 1, e["head_dim"], generator=gen).half()
-    k = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen).half()
-    v = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen).half()
+    q = torch.randn(e["batch"], e["heads"], 1, e["head_dim"], generator=gen)
+    k = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen)
+    v = torch.randn(e["batch"], e["kv_heads"], e["k_len"], e["head_dim"], generator=gen)
     n_rep = e["heads"] // e["kv_heads"]
     exact = scaled_dot_product_attention(q.double(), repeat_kv(k, n_rep).double(), repeat_kv(v, n_rep).double())
-    return torch.tensor([(td.triton_flash_decode(q, k, v, num_splits=s).double() - exact).abs().max().item()
+    q, k, v = (x.to(triton_common.device()) for x in (q, k, v))
+    return torch.tensor([(td.triton_flash_decode(q, k, v, num_splits=s).double().cpu() - exact).abs().max().item()
                          for s in e["splits"]], dtype=torch.float64)
 
 
 @exercise("10-split-experiment", "split_errors", points=2, category="experiment",
           allow=("attncourse.triton_decode.triton_flash_decode", "attncourse.sdpa.scaled_dot_product_attention",
                  "attncourse.mha.repeat_kv"),
-          hint="draw q, then k, then v from one generator seeded with `seed`, in float16, with the shapes given; "
+          hint="draw q, then k, then v from one generator seeded with `seed`, in float32, with the shapes given; "
                "compare each decode with the oracle in float64 over K and V repeated per query head, and keep the "
                "largest absolute difference for each number of splits")
 def _split_experiment_cases():
-    """Does splitting the keys cost accuracy? Float16 decode error against the number of splits, per seed."""
-    # Seeds 2 and 4 give different errors for different numbers of splits (by 3 % and 15 %): one decode copied
-    # three times, or a constant, fails; seed 0 gives the same error for all three.
-    return [Case(f"seed {seed}", (seed,), expected=split_errors_reference(seed), rtol=1e-2, atol=1e-7)
+    """Does splitting the keys cost accuracy? Float32 decode error against the number of splits, per seed."""
+    # The errors are float32 roundings (~1e-7) that move with the order of the additions: no seed here gives three
+    # equal numbers, so one decode copied three times, a constant or a formula fails; the kernel is
+    # deterministic, so a learner's own run matches the reference to the last bits.
+    return [Case(f"seed {seed}", (seed,), expected=split_errors_reference(seed), rtol=1e-3, atol=0.0)
             for seed in (0, 2, 4)]

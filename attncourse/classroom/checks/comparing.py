@@ -140,6 +140,8 @@ def _compare(got: Any, expected: Any, case: Case, reveal: bool = True) -> str | 
             return f"expected a {_describe(expected)}, got {_describe(got)}"
         if tuple(got.shape) != tuple(expected.shape):
             return f"wrong shape: expected {tuple(expected.shape)}, got {tuple(got.shape)}"
+        if got.device != expected.device:  # a GPU answer (chapter 10 on a GPU) against the check's CPU reference
+            got = got.detach().to(expected.device)
         if case.compare == "equal" or not expected.is_floating_point():
             bad = got != expected
             tol = "exact match"

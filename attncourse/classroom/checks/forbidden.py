@@ -79,7 +79,7 @@ ESCAPES = ("setprofile", "settrace", "_pop_mode", "_pop_torch_function_stack", "
            "get_referents")
 # The same through the standard library's Python (inspect.stack(), traceback.walk_stack()), entered from the answer.
 FRAME_FUNCS = ("currentframe", "stack", "getouterframes", "getinnerframes", "walk_stack", "extract_stack",
-               "print_stack", "format_stack")
+               "print_stack", "format_stack", "walk_tb", "trace", "getframeinfo")
 # Work started outside the watch (the hook and the modes are per thread): refused from anywhere in the answer
 # unless an allowed helper does it.
 ELSEWHERE = ("start_new_thread", "start_new", "start_joinable_thread", "_start_joinable_thread", "fork", "forkpty",
@@ -417,6 +417,7 @@ class Guard:
         self.modes = []
         self.previous = None
         self.installed = False
+        self._in_audit, self._above = False, set()
 
     # --- what a code object is
     def _kind(self, code):
@@ -690,6 +691,12 @@ class Guard:
             self.modes.append(mode)
         previous = sys.getprofile()
         self.previous = previous if callable(previous) else None
+        frame, self._above = self.root, set()
+        while frame is not None:  # the check's frames, which the answer must not reach
+            self._above.add(id(frame))
+            frame = frame.f_back
+        _start_auditing()
+        _WATCHING.append(self)
         sys.setprofile(self._profile)
         self.installed = True
         return self
@@ -700,6 +707,8 @@ class Guard:
         hook = sys.getprofile()
         sys.setprofile(self.previous)
         self.installed = False
+        if self in _WATCHING:
+            _WATCHING.remove(self)
         for mode in reversed(self.modes):
             try:
                 mode.__exit__(None, None, None)
@@ -709,6 +718,55 @@ class Guard:
         if getattr(hook, "__self__", None) is not self:
             self._hit("sys.setprofile")
         return False
+
+
+# Frame objects reached without a call the profile hook sees: `err.__traceback__.tb_frame`, a generator's
+# `gi_frame`, a coroutine's `cr_frame`, or `sys._getframe` run by library code on the answer's behalf
+# (`logging.currentframe()`). From a frame, `f_back` leads to the check's frames (the guard, the expected values).
+# CPython raises an audit event for each; one hook per process, acting only while a guard watches.
+FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
+_WATCHING = []  # the guards watching now (innermost last)
+
+
+def _audit(event, args):
+    if not _WATCHING:
+        return
+    guard = _WATCHING[-1]
+    if guard._in_audit:
+        return
+    if event == "object.__getattr__":
+        if len(args) < 2 or args[1] not in FRAME_ATTRS:
+            return
+        guard._in_audit = True
+        try:
+            frame = sys._getframe(1)
+        finally:
+            guard._in_audit = False
+        if guard._kind(frame.f_code) == "learner" and not guard._inside_allowed(frame):
+            guard._hit(f"the attribute {args[1]} (a frame: the check's own frames are behind it)", guard._where(frame))
+            raise Refused(guard.used[-1])  # an audit hook may refuse the access itself: the frame never arrives
+    elif event in ("sys._getframe", "sys._current_frames"):
+        got = args[0] if args else None
+        if event == "sys._current_frames" or (got is not None and (
+                id(got) in guard._above or guard._kind(got.f_code) in ("learner", "self"))):
+            guard._in_audit = True
+            try:
+                caller = sys._getframe(1)
+            finally:
+                guard._in_audit = False
+            if guard._kind(caller.f_code) == "self" or guard._inside_allowed(caller):
+                return
+            guard._hit(f"{event} (the frame of your code or of the check)", guard._where(got or caller))
+            raise Refused(guard.used[-1])
+
+
+_AUDITING = []
+
+
+def _start_auditing():
+    if not _AUDITING:
+        sys.addaudithook(_audit)  # cannot be removed: it does nothing while no guard watches
+        _AUDITING.append(True)
 
 
 _MODES = []

@@ -26,7 +26,7 @@ def collect(paths: list[Path]) -> list[tuple[Path, str]]:
 
 def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: float = 60, timeout: float = 600,
               solutions: Path | None = SOLUTIONS, chapter: str | None = None, progress: bool = True,
-              on_result=None, isolate: bool = True) -> list[NotebookResult]:
+              on_result=None, isolate: bool = True, salt: int | None = None) -> list[NotebookResult]:
     """Grade every (notebook, student), `jobs` at a time, in worker processes; results (and the calls to
     `on_result`) in input order.
 
@@ -42,7 +42,7 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
 
     results: list[NotebookResult | None] = [None] * len(items)
     bar = tqdm(total=len(items), unit="notebook", desc="grading", file=sys.stderr, disable=not progress)
-    kwargs = {"solutions": solutions, "chapter": chapter}
+    kwargs = {"solutions": solutions, "chapter": chapter, "salt": salt}
 
     shown = [0]  # results before this index have been handed to on_result
 

@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not run hidden tests (a learner's self-check: `./course check`)")
     parser.add_argument("--chapter", help="grade every notebook as this chapter (e.g. 03) instead of reading "
                                           "it from each notebook's metadata, grade ids or file name")
+    parser.add_argument("--salt", type=int, default=None,
+                        help="mix the cases' seeds with this number (default: a fresh secret one per notebook, so "
+                             "that no table of the check cells' expected values answers the grader); give one to "
+                             "reproduce a grade exactly")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress bar on stderr (default: when stderr is a terminal)")
     args = parser.parse_args(argv)
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: no solutions folder at {args.solutions}: hidden tests are not run", file=sys.stderr)
     checks.registry()  # import every chapter's checks before any student code runs
     results = grade_all(items, jobs=max(1, args.jobs), cell_timeout=args.cell_timeout, timeout=args.timeout,
-                        solutions=solutions, chapter=args.chapter, on_result=print_result,
+                        solutions=solutions, chapter=args.chapter, on_result=print_result, salt=args.salt,
                         progress=sys.stderr.isatty() if args.progress is None else args.progress)
     if args.json:
         args.json.write_text(json.dumps(to_json(results), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

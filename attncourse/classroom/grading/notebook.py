@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -21,10 +22,13 @@ LOUD_BYTES = 1_000_000  # printed output above this is mentioned in the notebook
 
 
 def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *,
-                   solutions: Path | None = SOLUTIONS, student: str = "", chapter: str | None = None) -> NotebookResult:
+                   solutions: Path | None = SOLUTIONS, student: str = "", chapter: str | None = None,
+                   salt: int | None = None) -> NotebookResult:
     """Grade one notebook; never raises for anything the notebook does.
 
-    `chapter` ("03") overrides the chapter found in the notebook's metadata, cells or file name."""
+    `chapter` ("03") overrides the chapter found in the notebook's metadata, cells or file name. `salt` mixes
+    the seeds of the registry's cases (:mod:`..checks.salting`): by default a fresh secret one per notebook, so
+    no table of the check cells' expected values answers the grader; give one to reproduce a grade."""
     from nbclient.exceptions import DeadKernelError
 
     start = time.perf_counter()
@@ -66,7 +70,8 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
         stopped: list[tuple[int, str]] = []  # (index, why) of cells interrupted, and where the time limit struck
         with running(client, km):
             deadline = time.monotonic() + timeout
-            session = Session(client, Path(tmp), cell_timeout, deadline)
+            session = Session(client, Path(tmp), cell_timeout, deadline,
+                              secrets.randbits(62) if salt is None else salt)
             try:
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type != "code" or is_check_cell(cell):
@@ -141,10 +146,11 @@ def explain_missing(e: ExerciseResult, nb: nbformat.NotebookNode, stopped: list[
 
 
 def grade_safely(path: Path, cell_timeout: float = 60, timeout: float = 600, *, solutions: Path | None = SOLUTIONS,
-                 student: str = "", chapter: str | None = None) -> NotebookResult:
+                 student: str = "", chapter: str | None = None, salt: int | None = None) -> NotebookResult:
     """`grade_notebook`, but a failure of the grader itself is reported as the notebook's result."""
     try:
-        return grade_notebook(path, cell_timeout, timeout, solutions=solutions, student=student, chapter=chapter)
+        return grade_notebook(path, cell_timeout, timeout, solutions=solutions, student=student, chapter=chapter,
+                              salt=salt)
     except Exception as err:  # never let one submission stop the class
         return grader_failure(path, student, f"the grader failed on this notebook ({type(err).__name__}: {str(err)[:300]})",
                               chapter)

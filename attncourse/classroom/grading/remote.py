@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import checks
-from ..checks import forbidden
+from ..checks import forbidden, salting
 
 if TYPE_CHECKING:
     from .session import Session
@@ -27,12 +27,15 @@ if TYPE_CHECKING:
 # nothing the notebook patched in attncourse changes how answers are called; built inside a function so that
 # it leaves one name in the notebook's namespace, `__attncourse_grade`.
 _KERNEL_TEMPLATE = r'''
-def __attncourse_make(guard_source):
+def __attncourse_make(guard_source, salt_source):
     guard_namespace = {"__name__": "attncourse_call_guard"}
     exec(compile(guard_source, "<attncourse call guard>", "exec"), guard_namespace)
     run = guard_namespace["run"]
+    salt_namespace = {"__name__": "attncourse_salted_seeds"}
+    exec(compile(salt_source, "<attncourse salted seeds>", "exec"), salt_namespace)
+    salted = salt_namespace["salted"]
 
-    def grade(inputs_path, results_path, target, kind, numpy_args, policy):
+    def grade(inputs_path, results_path, target, kind, numpy_args, policy, salt=None):
         import sys, torch, numpy, difflib
         def portable(x):
             if isinstance(x, torch.Tensor): return x.detach().cpu().clone()
@@ -66,7 +69,8 @@ def __attncourse_make(guard_source):
                 kwargs = {k: as_np(a) for k, a in kwargs.items()}
             if not isinstance(policy, dict):  # a grader from before policies: a tuple of forbidden names
                 policy = {"forbid": tuple(policy), "library": False}
-            ran = run(answer, args, kwargs, policy, ns)  # KeyboardInterrupt (the time limit) is not caught
+            with salted(salt):  # the seeds the grader's reference met (salting.py)
+                ran = run(answer, args, kwargs, policy, ns)  # KeyboardInterrupt (the time limit) is not caught
             if ran["used"]: results.append(("forbidden", ran["used"][0], "")); continue
             error = ran["error"]
             if error is not None: results.append(("raised", type(error).__name__, text(error))); continue
@@ -77,16 +81,18 @@ def __attncourse_make(guard_source):
     return grade
 
 
-__attncourse_grade = __attncourse_make(GUARD_SOURCE)
+__attncourse_grade = __attncourse_make(GUARD_SOURCE, SALT_SOURCE)
 del __attncourse_make
 '''
-KERNEL_SIDE = _KERNEL_TEMPLATE.replace("GUARD_SOURCE", repr(Path(forbidden.__file__).read_text(encoding="utf-8")))
+KERNEL_SIDE = _KERNEL_TEMPLATE.replace("GUARD_SOURCE", repr(Path(forbidden.__file__).read_text(encoding="utf-8"))) \
+    .replace("SALT_SOURCE", repr(Path(salting.__file__).read_text(encoding="utf-8")))
 
 
-def kernel_call(src: Path, out: Path, ex: checks.Exercise) -> str:
-    """The source of the extra cell that runs `ex`'s target on the inputs saved in `src`."""
+def kernel_call(src: Path, out: Path, ex: checks.Exercise, salt: int | None = None) -> str:
+    """The source of the extra cell that runs `ex`'s target on the inputs saved in `src` (its seeds mixed with
+    `salt`, as the grader's cases were built: see :mod:`..checks.salting`)."""
     return (f"__attncourse_grade({str(src)!r}, {str(out)!r}, {ex.target!r}, {ex.kind!r}, "
-            f"{ex.numpy!r}, {ex.policy!r})")
+            f"{ex.numpy!r}, {ex.policy!r}, {salt!r})")
 
 
 def judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import torch
 from jupyter_core.utils import run_sync
 
 from .. import checks
+from ..checks.salting import salted
 from ..nbtools import shutdown
 from .remote import StudentCall, judge, kernel_call
 from .results import ExerciseResult
@@ -104,21 +105,23 @@ def run_extra(client, source: str, cell_timeout: float) -> tuple[nbformat.Notebo
 class Session:
     """One student kernel, and the calls the grader makes into it."""
 
-    def __init__(self, client, tmp: Path, cell_timeout: float, deadline: float):
+    def __init__(self, client, tmp: Path, cell_timeout: float, deadline: float, salt: int | None = None):
         self.client, self.tmp, self.cell_timeout, self.deadline = client, tmp, cell_timeout, deadline
+        self.salt = salt  # the registry's cases are built with their seeds mixed with it (checks/salting.py)
 
     def limit(self) -> float:
         return max(1.0, min(self.cell_timeout, self.deadline - time.monotonic()))
 
-    def call(self, ex: checks.Exercise, inputs: list, tag: str) -> dict:
-        """Run ex's target on `inputs` in the kernel; the reply dict, or raise StudentCall."""
+    def call(self, ex: checks.Exercise, inputs: list, tag: str, salt: int | None = None) -> dict:
+        """Run ex's target on `inputs` in the kernel (seeds mixed with `salt`); the reply dict, or raise
+        StudentCall."""
         if time.monotonic() > self.deadline:
             raise StudentCall("timeout", "the notebook's time limit was reached before this check ran")
         src, out = self.tmp / f"{ex.id}.{tag}.in.pt", self.tmp / f"{ex.id}.{tag}.out.pt"
         torch.save(inputs, src)
         out.unlink(missing_ok=True)
         limit = self.limit()
-        cell, finished = run_extra(self.client, kernel_call(src, out, ex), limit)
+        cell, finished = run_extra(self.client, kernel_call(src, out, ex, salt), limit)
         if not finished:
             raise StudentCall("timeout", f"checking took longer than {limit:g} s")
         if not out.exists():
@@ -139,9 +142,10 @@ class Session:
         def result(status: str, message: str) -> ExerciseResult:
             return ExerciseResult(ex.id, ex.points if status == "passed" else 0.0, ex.points, status, message)
 
-        cases = ex.make_cases()
+        with salted(self.salt):  # inputs and expected values the notebook has never seen
+            cases = ex.make_cases()
         try:  # a dead or stuck kernel propagates: grade_notebook marks the rest of the notebook
-            reply = self.call(ex, [(tuple(c.args), dict(c.kwargs)) for c in cases], "cases")
+            reply = self.call(ex, [(tuple(c.args), dict(c.kwargs)) for c in cases], "cases", self.salt)
         except StudentCall as err:
             return result(err.status, err.message)
         try:

@@ -1,0 +1,124 @@
+"""The grader's salted seeds (attncourse/classroom/checks/salting.py): a table of the check cells' expected values,
+built by the notebook from the registry, does not answer the grader; right answers still pass under any salt."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from attncourse.classroom import checks
+from attncourse.classroom.checks import salting
+from attncourse.classroom.grading.remote import KERNEL_SIDE, judge
+
+SALT = 20261128
+
+# Exercises whose cases take no seed (fixed sizes or hand-written inputs): salting cannot change them, so a table
+# of their expected values still answers the grader. Each is a small integer-argument or hand-built case; the
+# test below fails when an exercise joins or leaves this list, so that the list stays a decision.
+FIXED_CASES = {"04-parameter-shares", "06-decode-bias", "06-find-the-bug-1", "06-find-the-bug-2", "07-cache-mask",
+               "07-sink-eviction", "10-causal-blocks", "11-slot-mapping", "12-find-the-bug-2"}
+
+
+def test_every_seeding_route_is_mixed_and_restored():
+    def draws():
+        return (torch.rand(2, generator=torch.Generator().manual_seed(3)).tolist(),
+                (torch.manual_seed(3), torch.rand(2).tolist())[1],
+                np.random.default_rng(3).random(2).tolist(), (np.random.seed(3), np.random.rand(2).tolist())[1],
+                np.random.RandomState(3).rand(2).tolist(), (random.seed(3), random.random())[1],
+                random.Random(3).random())
+
+    plain = draws()
+    with salting.salted(SALT):
+        salted = draws()
+        again = draws()
+        assert isinstance(torch.default_generator, torch.Generator)  # isinstance keeps its meaning
+    assert draws() == plain  # everything restored
+    assert salted == again  # deterministic under one salt
+    assert all(a != b for a, b in zip(plain, salted)), "a seeding route the salt does not reach"
+    with salting.salted(None):
+        assert draws() == plain
+
+
+def _key(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), x.double().sum().item() if x.numel() else 0.0)
+    if isinstance(x, np.ndarray):
+        return _key(torch.from_numpy(x))
+    if isinstance(x, (list, tuple)):
+        return tuple(_key(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _key(v)) for k, v in sorted(x.items()))
+    return repr(x)
+
+
+def test_salted_cases_differ_and_their_expected_values_pass_their_own_comparison():
+    """Under a salt, every function exercise's cases are new (except the listed fixed ones), and each case's
+    expected value passes that case's comparison: a comparison written for one seed would fail a right answer."""
+    unchanged, refused = set(), []
+    for exercise_id, ex in sorted(checks.registry().items()):
+        if ex.kind != "function":
+            continue
+        plain = ex.make_cases()
+        with salting.salted(SALT):
+            salted = ex.make_cases()
+        if _key([(c.args, c.kwargs, c.expected) for c in plain]) == _key([(c.args, c.kwargs, c.expected)
+                                                                           for c in salted]):
+            unchanged.add(exercise_id)
+        for case in salted:
+            message = checks.feedback(ex, case.expected, case)
+            if message:
+                refused.append((exercise_id, case.name, message[:200]))
+    assert not refused
+    assert unchanged == FIXED_CASES
+
+
+def _grader(ex, answer, salt, tmp_path, monkeypatch):
+    """The grader's path, in process: cases built under `salt`, the answer called by the kernel side."""
+    namespace: dict = {}
+    exec(KERNEL_SIDE, namespace)
+    monkeypatch.setitem(sys.modules["__main__"].__dict__, ex.target, answer)
+    with salting.salted(salt):
+        cases = ex.make_cases()
+    torch.save([(tuple(c.args), dict(c.kwargs)) for c in cases], tmp_path / "in.pt")
+    namespace["__attncourse_grade"](str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), ex.target, ex.kind,
+                                    ex.numpy, ex.policy, salt)
+    return judge(ex, cases, torch.load(tmp_path / "out.pt", weights_only=True))
+
+
+@pytest.mark.parametrize("exercise_id", ["03-variance-experiment", "08-find-the-bug-1"])
+def test_a_table_of_the_check_cells_answers_passes_the_cell_but_not_the_grader(exercise_id, tmp_path, monkeypatch):
+    """The lookup-table route: top-level code builds the registry's cases (the check cell's, from fixed seeds) and
+    the answer looks its input up. The check cell cannot tell; the grader's salted cases can."""
+    ex = checks.get(exercise_id)
+    table = [(c.args, c.kwargs, c.expected) for c in ex.make_cases()]  # top-level code, unguarded
+
+    def lookup(*args, **kwargs):
+        for a, k, expected in table:
+            if _key((a, k)) == _key((args, kwargs)):
+                return expected
+        raise KeyError("not in my table")
+
+    checks.check(exercise_id, lookup)  # the check cell is fooled: it uses the fixed seeds
+    status, message = _grader(ex, lookup, SALT, tmp_path, monkeypatch)
+    assert status in ("failed", "error"), (status, message)  # a wrong value, or an input not in the table
+
+
+def dot_product_variance(d_k, std, n, seed):
+    """A learner's honest measurement for 03-variance-experiment, seeded as the hint says."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+    k = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+    return float((q * k).sum(-1).var())
+
+
+def test_an_experiment_that_seeds_itself_passes_under_any_salt(tmp_path, monkeypatch):
+    """The answer runs under the grader's salt too, so an honest experiment meets the reference's random numbers."""
+    ex = checks.get("03-variance-experiment")
+    checks.check(ex.id, dot_product_variance)
+    for salt in (1, SALT):
+        assert _grader(ex, dot_product_variance, salt, tmp_path, monkeypatch) == ("passed", "all 8 cases passed") or \
+            _grader(ex, dot_product_variance, salt, tmp_path, monkeypatch)[0] == "passed"
