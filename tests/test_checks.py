@@ -309,11 +309,14 @@ def test_grader_names_the_mistake_too():
     assert status == "failed" and "this looks like: your weights sum to 1 along the queries" in message
 
 
-def test_a_right_answer_is_never_diagnosed():
+def test_a_right_answer_is_never_diagnosed_and_a_bug_is_never_named():
     for ex_id in ("03-sdpa-numpy", "03-masked-attention", "03-find-the-bug-1"):
         ex = checks.get(ex_id)
         for case in ex.make_cases():
             assert checks.diagnose(ex, case.expected, case) is None
+    bug = checks.get("03-find-the-bug-1")  # its wrong answers are often the bug itself: no diagnosis
+    case = bug.make_cases()[0]
+    assert checks.diagnose(bug, case.expected * 1.5, case) is None
 
 
 def notebook_frame_error(source):

@@ -224,10 +224,11 @@ def reset(path: Path, root: Path = ROOT) -> tuple[Path, Path | None]:
         _save_state(work, state)
         return path, backup
     # a tracked file, edited in place: the committed version
-    shown = _git(root, "show", f"HEAD:{rel}")
+    shown = subprocess.run(["git", "-C", str(root), "show", f"HEAD:{rel}"], capture_output=True)
     if shown.returncode != 0:
-        raise FileNotFoundError(f"{rel}: no committed version to go back to ({shown.stderr.strip() or 'not a git checkout'})")
-    path.write_text(shown.stdout, encoding="utf-8")
+        why = shown.stderr.decode(errors="replace").strip() or "not a git checkout"
+        raise FileNotFoundError(f"{rel}: no committed version to go back to ({why})")
+    path.write_bytes(shown.stdout)
     return path, backup
 
 

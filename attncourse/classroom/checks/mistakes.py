@@ -11,8 +11,11 @@ general hint, by the check cell and the grader alike.
   "weights: 16 of 16 values differ" rather than "at [1]";
 * :data:`ATTENTION` says which exercises compute attention and where their arguments are (queries, keys, values,
   a mask): those get the attention mistakes below. Keyed by exercise id: a new chapter adds its own lines.
-* the generic mistakes (a constant factor, swapped axes, a sign) apply to every implement and bug exercise whose
-  answer is a floating-point tensor.
+* the generic mistakes (a constant factor, swapped axes, a sign) apply to every implement exercise whose answer is
+  a floating-point tensor.
+
+Find-the-bug exercises get no diagnosis: their most common wrong answer is the bug itself, and naming it would
+find the bug for the learner.
 
 A candidate is only used on a case where the *right* computation, done the same way here, reproduces the case's
 expected value: a recogniser that misreads an exercise stays silent rather than misleads.
@@ -57,19 +60,19 @@ class AttentionArgs:
     keep: int | None = None
     grouped: bool = False
     with_weights: bool = False
+    causal: bool = False  # causal from the end: query i of T sees the keys up to S - T + i
 
 
 ATTENTION: dict[str, AttentionArgs] = {
     "03-sdpa-numpy": AttentionArgs(with_weights=True),
-    "03-find-the-bug-1": AttentionArgs(),
     "03-masked-attention": AttentionArgs(keep=3),
-    "05-grouped-attention": AttentionArgs(grouped=True),
-    "10-find-the-bug-1": AttentionArgs(),
+    "05-grouped-attention": AttentionArgs(grouped=True, causal=True),
+    "12-sigmoid": AttentionArgs(),  # kwargs (is_causal) are passed: the attention recognisers stay silent there
 }
 
 
 def _attention(q, k, v, *, scale: float | None = None, dim: int = -1, keep=None, transpose: bool = False,
-               grouped: bool = False, with_weights: bool = False):
+               grouped: bool = False, with_weights: bool = False, causal: bool = False):
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     if grouped and k.dim() >= 3 and q.shape[-3] != k.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
@@ -78,6 +81,10 @@ def _attention(q, k, v, *, scale: float | None = None, dim: int = -1, keep=None,
     scores = (q @ k.transpose(-2, -1)) * scale
     if transpose:
         scores = scores.transpose(-2, -1)
+    if causal:
+        t, s_len = scores.shape[-2], scores.shape[-1]
+        future = torch.ones(t, s_len, dtype=torch.bool).triu(s_len - t + 1)
+        keep = ~future if keep is None else keep & ~future
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = torch.softmax(scores, dim=dim)
@@ -96,7 +103,7 @@ class Mistake:
 
 def _call(spec: AttentionArgs, args: tuple, **change):
     keep = args[spec.keep] if spec.keep is not None and spec.keep < len(args) else None
-    kw = dict(keep=keep, grouped=spec.grouped, with_weights=spec.with_weights)
+    kw = dict(keep=keep, grouped=spec.grouped, with_weights=spec.with_weights, causal=spec.causal)
     kw.update(change)
     return _attention(args[spec.q], args[spec.k], args[spec.v], **kw)
 
@@ -195,8 +202,9 @@ def _generic_diagnosis(got: Any, expected: Any) -> str | None:
 
 
 def diagnose(ex: Exercise, got: Any, case: Case) -> str | None:
-    """The name of the mistake `got` shows on `case`, or None (only for implement and bug exercises)."""
-    if ex.category not in ("implement", "bug", None) or callable(case.compare):
+    """The name of the mistake `got` shows on `case`, or None. Implement exercises only: a find-the-bug exercise's
+    wrong answer is often the bug itself, and naming it would do the exercise for the learner."""
+    if ex.category not in ("implement", None) or callable(case.compare):
         return None
     try:
         return _attention_diagnosis(ex, got, case) or _generic_diagnosis(got, case.expected)
