@@ -6,16 +6,20 @@ the system's Chromium (or Chrome) is driven through Playwright's ``executable_pa
 browser. One test walks through the steps, each leaving a screenshot in ``browser-test-screenshots/`` (gitignored,
 uploaded by CI) and its time in ``steps.txt`` there:
 
-1. ``/`` opens chapter 00 from the course root, not marked as modified; the server lists notebooks/, exercises/
-   and solutions/, and a terminal starts in the course root;
+1. ``/`` opens chapter 00 from the learner's own copies (``my-work/notebooks/``), not marked as modified; the server
+   lists notebooks/, exercises/, solutions/ and my-work/, and a terminal starts in the course root;
 2. chapter 00's link to a lesson opens it; Restart and Run All: every cell runs (counts 1..N), no error output,
    figures shown, math typeset by MathJax, progress bars rendered as widgets;
-3. the lesson's link to its exercise notebook opens it, not marked as modified;
-4. Restart and Run All on the untouched exercises: the first check says "not attempted yet" in two lines, and
-   the notebook still runs to its last cell;
-5. a wrong answer typed into the first exercise cell: its check names the case, expected vs got and the hint,
-   without a traceback; then the right answer (the solution's) and the success line;
-6. the check cell cannot be edited or deleted.
+3. the lesson's link to its exercise notebook opens the learner's copy, whose tab title differs from the lesson's;
+4. Restart and Run All on the untouched exercises: the first check says "not attempted yet" in two lines, as a
+   note (stdout), and no cell shows an error or a traceback, yet the notebook runs to its last cell;
+5. a wrong answer typed into the first exercise cell (every value 1.5 times too large): its check names the case,
+   what differs, and a hint naming that mistake, without a traceback; then the right answer and the success line;
+6. the check cell cannot be edited or deleted;
+7. the learner saves: their answer is in my-work/, the course's tracked notebooks are byte for byte as committed
+   (so `./course test` reads what was committed, and the exercises are still in sync with the solutions), and a
+   course update (a solution changed, exercises regenerated, ``./course lab`` again) keeps the answer while an
+   untouched copy takes the new version.
 
 Skipped, saying why, only where no Chromium/Chrome is found (``.ci/run`` installs Debian's ``chromium``) or the
 ``browser`` extra (playwright) is missing. ``CHROMIUM=/path`` picks a browser; ``BROWSER_TEST_LESSON=NN`` a lesson.
@@ -40,7 +44,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attncourse.classroom import checks, nbtools
+from attncourse.classroom import checks, nbtools, workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "browser-test-screenshots"
@@ -224,6 +228,10 @@ def editor_text(page, index: int) -> str:
     return cells(page).nth(index).locator(".cm-content").inner_text()
 
 
+def cell_source(path: Path, index: int) -> str:
+    return nbformat.read(path, as_version=4).cells[index].source
+
+
 def no_traceback(text: str) -> bool:
     return not re.search(r"Traceback|File \"|site-packages|attncourse/classroom|^-{20,}", text, re.M)
 
@@ -289,12 +297,14 @@ def test_learner_walkthrough(lab):
 
 
 def walk(page, step, base, token, course, lesson):
+    tracked = {p: p.read_bytes() for folder in ("notebooks", "exercises", "solutions")
+               for p in sorted((course / folder).glob("*.ipynb"))}
     with step("chapter-00-from-root"):
         page.goto(f"{base}/?token={token}")
-        assert page.url.endswith("/lab/tree/notebooks/00_start_here.ipynb"), page.url
+        assert page.url.endswith("/lab/tree/my-work/notebooks/00_start_here.ipynb"), page.url
         open_tab(page, "00_start_here.ipynb", timeout=120)
         listing = json.load(urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=30))
-        assert {"notebooks", "exercises", "solutions"} <= {item["name"] for item in listing["content"]}
+        assert {"notebooks", "exercises", "solutions", "my-work"} <= {item["name"] for item in listing["content"]}
         assert terminal_cwd(page, base, token) == str(course.resolve()), "a terminal starts in the course root"
 
     with step("lesson-from-chapter-00"):
@@ -320,14 +330,18 @@ def walk(page, step, base, token, course, lesson):
         assert page.locator(f"{PANEL} .jp-RenderedMarkdown mjx-container").count() > 0, "no math typeset"
         assert not any("Loading widget" in text or "HBox(children" in text for text in outputs)
 
+    mine = workspace.work_name("exercises", f"{lesson}.ipynb")
     with step("exercises-from-lesson"):
-        link = page.locator(f"{PANEL} .jp-RenderedMarkdown a[href*='/exercises/{lesson}.ipynb']").first
+        link = page.locator(f"{PANEL} .jp-RenderedMarkdown a[href*='/exercises/{mine}']").first
         link.scroll_into_view_if_needed()
         link.click()
-        open_tab(page, f"{lesson}.ipynb")
-        assert "/lab/tree/exercises/" in page.url, page.url
+        open_tab(page, mine)
+        assert "/lab/tree/my-work/exercises/" in page.url, page.url
+        titles = page.eval_on_selector_all(".lm-DockPanel-tabBar .lm-TabBar-tab .lm-TabBar-tabLabel",
+                                           "els => els.map(e => e.innerText)")
+        assert len(set(titles)) == len(titles), f"two tabs with the same title: {titles}"
 
-    ex, answer, right = first_exercise(course / "exercises" / f"{lesson}.ipynb", course / "solutions" / f"{lesson}.ipynb")
+    ex, answer, right = first_exercise(course / "my-work" / "exercises" / mine, course / "solutions" / f"{lesson}.ipynb")
     check = answer + 1
     with step("exercises-run-all-untouched"):
         counts = restart_and_run_all(page, timeout=180)
@@ -335,6 +349,12 @@ def walk(page, step, base, token, course, lesson):
         lines = output_text(page, check).splitlines()
         assert lines[0] == f"exercise {ex.id}: not attempted yet; write your answer in the cell above", lines
         assert len(lines) == 2 and no_traceback("\n".join(lines)), lines
+        red = page.eval_on_selector_all(  # errors and stderr: JupyterLab's red; a note is stdout
+            f"{PANEL} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+            "els => els.map(e => e.innerText)")
+        assert not [t for t in red if re.search(r"Error|Traceback|not attempted", t)], f"errors shown: {red[:3]}"
+        outputs = page.eval_on_selector_all(f"{PANEL} .jp-OutputArea-output", "els => els.map(e => e.innerText)")
+        assert all(no_traceback(t) for t in outputs), [t[:200] for t in outputs if not no_traceback(t)]
         cells(page).nth(check).scroll_into_view_if_needed()
 
     with step("wrong-answer"):
@@ -342,9 +362,10 @@ def walk(page, step, base, token, course, lesson):
         run_cell(page, answer)
         text = run_cell(page, check)
         lines = text.splitlines()
-        assert lines[0].startswith(f"✗ {ex.id}: case '") and lines[0].endswith("' failed"), text
-        assert re.search(r"expected .+, got ", text), text
-        assert lines[-1].lstrip().startswith("hint: ") and no_traceback(text), text
+        assert lines[0].startswith(f"✗ {ex.id}: case “") and lines[0].endswith("” failed"), text
+        assert re.search(r"expected .+, got ", " ".join(text.split())), text
+        hint = " ".join(text[text.index("hint: "):].split())
+        assert "1.5 times the right one" in hint and no_traceback(text), text  # the mistake, named
 
     with step("right-answer"):
         type_into(page, answer, right)
@@ -364,3 +385,24 @@ def walk(page, step, base, token, course, lesson):
         page.keyboard.press("d")
         page.wait_for_timeout(500)
         assert cells(page).count() == n, "the check cell could be deleted"
+
+    with step("work-saved-course-untouched-and-updated"):
+        page.keyboard.press("Control+s")
+        saved = course / "my-work" / "exercises" / mine
+        deadline = time.monotonic() + 30
+        while "YOUR CODE HERE" in cell_source(saved, answer) and time.monotonic() < deadline:
+            page.wait_for_timeout(500)
+        assert cell_source(saved, answer).strip() == right.strip(), "the answer was not saved in my-work/"
+        changed = [p.name for p, data in tracked.items() if p.read_bytes() != data]
+        assert not changed, f"the learner's session changed tracked notebooks: {changed}"
+        assert nbtools.generate_exercises(course, check_only=True) == [], "exercises/ out of sync after a session"
+        solution = course / "solutions" / f"{lesson}.ipynb"  # a course update: a solution notebook changes
+        nb = nbformat.read(solution, as_version=4)
+        nb.cells.append(nbtools.md("## Added by a course update"))
+        nbformat.write(nb, solution)
+        assert nbtools.generate_exercises(course) == [f"{lesson}.ipynb"]
+        done = workspace.prepare(course, out=open(os.devnull, "w"))  # what the next ./course lab does
+        assert f"my-work/exercises/{mine}" in done["kept"] and cell_source(saved, answer).strip() == right.strip()
+        assert not list((course / "my-work").glob("backups/*")), "nothing needed a backup"
+        assert "Added by a course update" in (course / "my-work" / "solutions" /
+                                              workspace.work_name("solutions", f"{lesson}.ipynb")).read_text()

@@ -26,7 +26,7 @@ def test_wrong_values_name_case_index_and_hint():
     with pytest.raises(CheckFailed) as info:
         check("03-batched-attention-bug", wrong)
     msg = str(info.value)
-    assert "case 'square (1, 2, 4, 8)'" in msg
+    assert "case “square (1, 2, 4, 8)”" in msg
     assert "values differ (rtol=1e-05, atol=1e-06); first at index (0, 0, 0, 0): expected" in msg
     assert "hint:" in msg
 
@@ -181,9 +181,10 @@ def test_failure_shows_case_detail_hint_and_only_the_learners_frames(ex):
         return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -2) @ v
 
     lines = rendered(ex, wrong)
-    assert lines[0] == "✗ 99-attention: case 'square (1, 2, 4, 8)' failed"
-    assert "expected" in lines[1] and ", got " in lines[1] and lines[-1] == "  hint: normalise over the keys"
-    assert no_internals(lines) and len(lines) == 3
+    assert lines[0] == "✗ 99-attention: case “square (1, 2, 4, 8)” failed"
+    detail = " ".join(line.strip() for line in lines[1:-1])  # a long line is wrapped between words
+    assert "expected" in detail and ", got " in detail and lines[-1] == "  hint: normalise over the keys"
+    assert no_internals(lines) and all(line.startswith("  ") for line in lines[1:])
 
     import linecache
 
@@ -201,7 +202,7 @@ def test_forbidden_call_has_the_same_layout(ex):
     import torch.nn.functional as F
 
     lines = rendered(ex, lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
-    assert lines[0] == "✗ 99-attention: case 'square (1, 2, 4, 8)' failed"
+    assert lines[0] == "✗ 99-attention: case “square (1, 2, 4, 8)” failed"
     assert "called torch.nn.functional.scaled_dot_product_attention" in lines[1]
     assert lines[-1] == "  hint: normalise over the keys" and no_internals(lines)
 
@@ -234,3 +235,144 @@ def test_uses_turns_an_unwritten_answer_into_one_note(capsys):
             raise ValueError("a real mistake")
     with pytest.raises(KeyError):
         checks.uses("99-no-such-exercise")
+
+
+# ----------------------------------------------------------------------------- feedback that diagnoses (issue 32)
+
+
+def softmax_np(x, axis):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def sdpa_np(scale=True, axis=-1, factor=1.0):
+    def answer(Q, K, V):
+        w = softmax_np(Q @ K.T / (np.sqrt(Q.shape[-1]) if scale else 1.0), axis)
+        return factor * (w @ V), factor * w
+    return answer
+
+
+def failure_lines(exercise_id, answer):
+    with pytest.raises(CheckFailed) as info:
+        check(exercise_id, answer)
+    return info.value._render_traceback_()
+
+
+@pytest.mark.parametrize("answer, named", [
+    (sdpa_np(scale=False), "without dividing the scores by √d_k"),
+    (sdpa_np(axis=0), "sum to 1 along the queries"),
+    (sdpa_np(factor=1.5), "1.5 times the right one"),
+])
+def test_a_common_mistake_is_named_in_the_hint(answer, named):
+    """The hint names the mistake the learner's output shows (two different mistakes: two different hints), the
+    returned tuple's part is named ("output", not "at [0]"), a NumPy exercise speaks of arrays, equal layouts are
+    not printed, and the case name's own quote survives."""
+    lines = failure_lines("03-sdpa-numpy", answer)
+    text = "\n".join(lines)
+    assert lines[0] == "✗ 03-sdpa-numpy: case “the notes' (4, 8) inputs” failed", lines
+    assert lines[1].startswith("  output: ") and "at [0]" not in text
+    assert "tensor" not in text and "expected (" not in text  # arrays; the (same) shapes are not repeated
+    hint = text[text.index("  hint: "):]
+    assert named in " ".join(hint.split()) and "@" not in hint and "softmax(" not in hint
+    assert all(len(line) <= checks.WIDTH for line in lines)
+
+
+def test_a_mask_read_the_wrong_way_round_is_named():
+    def inverted(q, k, v, keep):
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        w = torch.exp(s - s.amax(-1, keepdim=True)) * keep.logical_not()
+        return (w / w.sum(-1, keepdim=True).clamp_min(1e-30)) @ v
+
+    text = " ".join(" ".join(failure_lines("03-masked-attention", inverted)).split())
+    assert "your mask is the wrong way round" in text
+
+
+def test_an_unrecognised_mistake_keeps_the_general_hint_and_shapes_that_differ_are_shown():
+    ex = checks.get("03-sdpa-numpy")
+    lines = failure_lines(ex.id, lambda Q, K, V: (np.zeros((4, 8)), np.full((4, 4), 0.3)))
+    text = " ".join(" ".join(lines).split())
+    assert text.split("hint: ")[1].startswith(" ".join(ex.hint.split())[:30]), lines
+    case = ex.make_cases()[0]
+    msg = checks.feedback(ex, (case.expected[0], case.expected[1][:, :2]), case)
+    assert msg.startswith("weights: wrong shape") and "expected (" in msg  # the layouts differ: both shown
+
+
+def test_grader_names_the_mistake_too():
+    from attncourse.classroom.grading.remote import judge
+
+    ex = checks.get("03-sdpa-numpy")
+    cases = ex.make_cases()
+    reply = {"status": "ok", "results": [("ok", tuple(torch.from_numpy(np.asarray(x)) for x in
+                                                   sdpa_np(axis=0)(*(a.numpy() for a in c.args))), None)
+                                         for c in cases]}
+    status, message = judge(ex, cases, reply)
+    assert status == "failed" and "this looks like: your weights sum to 1 along the queries" in message
+
+
+def test_a_right_answer_is_never_diagnosed_and_a_bug_is_never_named():
+    for ex_id in ("03-sdpa-numpy", "03-masked-attention", "03-find-the-bug-1"):
+        ex = checks.get(ex_id)
+        for case in ex.make_cases():
+            assert checks.diagnose(ex, case.expected, case) is None
+    bug = checks.get("03-find-the-bug-1")  # its wrong answers are often the bug itself: no diagnosis
+    case = bug.make_cases()[0]
+    assert checks.diagnose(bug, case.expected * 1.5, case) is None
+
+
+def notebook_frame_error(source):
+    """The exception `source` raises when run as a notebook cell (ipykernel's file name for cells)."""
+    import linecache
+
+    cell = "/tmp/ipykernel_1/456.py"
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    try:
+        exec(compile(source, cell, "exec"), {})
+    except BaseException as err:
+        return err
+    raise AssertionError("no exception")
+
+
+def test_unwritten_answers_become_notes_and_real_errors_stay():
+    stub = notebook_frame_error("# YOUR CODE HERE\nraise NotImplementedError()\n")
+    assert checks.quiet_note(stub).startswith("note: your answer goes in this cell")
+    demo = notebook_frame_error("def attention_numpy(Q, K, V):\n    raise NotImplementedError()\n\n"
+                                "attention_numpy(1, 2, 3)\n")
+    assert checks.quiet_note(demo) == ("note: this cell runs `attention_numpy`, which is not written yet; it shows its "
+                                       "result once it is")
+    assert checks.quiet_note(notebook_frame_error("raise NotImplementedError('sparse tensors')\n")) is None
+    assert checks.quiet_note(notebook_frame_error("x = [][1]\n")) is None
+    with pytest.raises(ExerciseNotDone) as info:
+        check("03-predict-shapes")
+    assert checks.quiet_note(info.value).startswith("exercise 03-predict-shapes: not attempted yet")
+
+
+def test_an_ipython_kernel_shows_notes_not_tracebacks_except_under_nbgrader(tmp_path):
+    """In a real IPython shell: the stub's error and an unattempted check print a note on stdout and no traceback;
+    a real error keeps its traceback; under nbgrader (NBGRADER_EXECUTION) the stub stays an error."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "shell.py"
+    script.write_text("""
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shown = []
+shell._showtraceback = lambda etype, value, stb: shown.append(etype.__name__)
+from attncourse.classroom import checks
+print("installed", checks.install_notes())
+r = shell.run_cell("raise NotImplementedError()")
+print("stub failed", not r.success)
+shell.run_cell("checks.check('03-predict-shapes')".replace("checks.", "__import__('attncourse').classroom.checks."))
+shell.run_cell("1/0")
+print("errors shown", shown)
+""", encoding="utf-8")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NBGRADER_EXECUTION": ""})
+    out = run.stdout
+    assert "installed True" in out and "stub failed True" in out, run.stderr[-2000:]
+    assert "note: your answer goes in this cell" in out and "03-predict-shapes: not attempted yet" in out
+    assert "errors shown ['ZeroDivisionError']" in out  # the stub and the check: notes; the real error: shown
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NBGRADER_EXECUTION": "autograde"})
+    assert "installed False" in run.stdout and "errors shown ['NotImplementedError', 'ExerciseNotDone'" in run.stdout

@@ -80,9 +80,15 @@ def test_raising_looping_and_dying_submissions(tmp_path):
     st = statuses(result)
     assert st["03-sdpa-numpy"] == "error" and "ValueError: oops" in result.exercises[0].message
     assert st["03-masked-attention"] == "timeout"
-    assert st["03-predict-shapes"] == "missing"          # its cell was interrupted, the name never defined
+    # its cell was interrupted, so the name was never defined: said so, with the cell as JupyterLab numbers it
+    nb = nbformat.read(tmp_path / "03_broken.ipynb", as_version=4)
+    where = next(i for i, c in enumerate(nb.cells)
+                 if c.metadata.get("nbgrader", {}).get("grade_id") == "03-predict-shapes-answer")
+    predict = next(e for e in result.exercises if e.id == "03-predict-shapes")
+    assert predict.status == "timeout" and "is not defined in the notebook" not in predict.message
+    assert f"never defined: its cell, cell {where + 1} of {len(nb.cells)}, ran over 10 s and was interrupted" in predict.message
     assert st["03-find-the-bug-1"] == "passed" and st["03-variance-experiment"] == "passed"
-    assert "interrupted" in result.message
+    assert f"cell {where + 1} of {len(nb.cells)} ran over 10 s and was interrupted" in result.message
 
     def die(nb):
         nb.cells.insert(3, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
@@ -98,6 +104,10 @@ def test_unreadable_and_empty_notebooks(tmp_path):
     result = grade.grade_notebook(bad)
     assert result.max_score == MAX and result.score == 0
     assert {e.status for e in result.exercises} == {"error"} and "not a readable notebook" in result.message
+    # said once (the notebook's message), not under every exercise, and without the exercises' hints
+    assert all("NotJSONError" not in e.message and "could not be read" in e.message for e in result.exercises)
+    md = grade.feedback_markdown(result)
+    assert md.count("not a readable notebook") == 1 and "Hint:" not in md and "## What to look at" not in md
 
     empty = tmp_path / "03_empty.ipynb"
     nb = nbformat.v4.new_notebook()
@@ -276,3 +286,7 @@ def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
     fb = (out / "fb" / "bob" / "03_scaled_dot_product_attention.md").read_text(encoding="utf-8")
     assert f"{bob:g} / {MAX:g}" in fb and "03-sdpa-numpy" in fb and "should be a function" in fb and "Hint:" in fb
     assert (out / "fb" / "carol" / "carol.md").exists()
+    printed = capsys.readouterr().out  # in the order of the paths, whatever order the workers finished in
+    order = [line.split("[")[1].split("]")[0] for line in printed.splitlines() if not line.startswith(" ")]
+    assert order == ["alice", "bob", "carol", "dave", "eve"], printed
+    assert printed.count("not a readable notebook") == 1 and "exercise(s) not graded" in printed

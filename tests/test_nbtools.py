@@ -1,5 +1,8 @@
 """Exercise generation from solutions: stubs, hidden tests, outputs, metadata, and malformed markup."""
 
+import os
+import re
+
 import nbformat
 import pytest
 
@@ -116,3 +119,83 @@ def test_normalize_command_and_execute_apply_it(tmp_path):
     nbtools.execute(path, timeout=60)
     nb = nbformat.read(path, as_version=4)
     assert nb.metadata.kernelspec == nbtools.KERNELSPEC and nb.cells[3].outputs[0]["text"] == "checked\n"
+
+
+# ----------------------------------------------------------------------------- the learner's own copies (issue 32)
+
+
+def course_folder(tmp_path, stub="raise NotImplementedError()"):
+    """A small course: a lesson linking its exercises, and exercises linking the lesson and the solutions."""
+    root = tmp_path / "course"
+    for folder in ("notebooks", "exercises", "solutions"):
+        (root / folder).mkdir(parents=True)
+    lesson = nbtools.new_notebook([nbtools.md("# 99 · Demo\n\n[exercises](../exercises/99_demo.ipynb)"),
+                                   nbtools.code("x = 1")], "99")
+    nbformat.write(lesson, root / "notebooks" / "99_demo.ipynb")
+    cells = [nbtools.md("# ex\n\n[`../notebooks/99_demo.ipynb`](../notebooks/99_demo.ipynb#Summary) and "
+                        "[`../solutions/99_demo.ipynb`](../solutions/99_demo.ipynb)"),
+             nbtools.solution(f"def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "99-f")]
+    nbformat.write(nbtools.new_notebook(cells, "99"), root / "solutions" / "99_demo.ipynb")
+    nbtools.generate_exercises(root)
+    return root
+
+
+def test_copies_are_made_once_with_names_that_tell_tabs_apart_and_links_that_work(tmp_path):
+    from attncourse.classroom import workspace
+
+    root = course_folder(tmp_path)
+    done = workspace.prepare(root, out=open(os.devnull, "w"))
+    work = root / workspace.WORK
+    names = sorted(p.relative_to(work).as_posix() for p in work.rglob("*.ipynb"))
+    assert names == ["exercises/99_exercises_demo.ipynb", "notebooks/99_demo.ipynb", "solutions/99_solutions_demo.ipynb"]
+    assert len(done["created"]) == 3
+    for path in work.rglob("*.ipynb"):  # every relative link of every copy points at a file that exists
+        for cell in nbformat.read(path, as_version=4).cells:
+            for target in re.findall(r"\]\(([^)#]+)", cell.source):
+                assert (path.parent / target).resolve().exists(), f"{path.name}: {target}"
+    text = (work / "exercises" / "99_exercises_demo.ipynb").read_text(encoding="utf-8")
+    assert "[../solutions/99_solutions_demo.ipynb](../solutions/99_solutions_demo.ipynb)" in text  # a link, not code
+    assert "raises-exception" in text  # Run All still goes past the stubs in the copy
+
+
+def test_a_course_update_reaches_untouched_copies_and_never_an_edited_one(tmp_path):
+    from attncourse.classroom import workspace
+
+    root = course_folder(tmp_path)
+    quiet = open(os.devnull, "w")
+    workspace.prepare(root, out=quiet)
+    work = root / workspace.WORK
+    lesson, mine = work / "notebooks" / "99_demo.ipynb", work / "exercises" / "99_exercises_demo.ipynb"
+    nb = nbformat.read(lesson, as_version=4)  # the learner runs the lesson: outputs only
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="1\n")]
+    nbformat.write(nb, lesson)
+    nb = nbformat.read(mine, as_version=4)  # ... and answers an exercise
+    nb.cells[1].source = "def f():\n    return 1"
+    nbformat.write(nb, mine)
+    for folder, name in (("notebooks", "99_demo.ipynb"), ("solutions", "99_demo.ipynb")):  # a course update
+        path = root / folder / name
+        nb = nbformat.read(path, as_version=4)
+        nb.cells.append(nbtools.md("## New section"))
+        nbformat.write(nb, path)
+    nbtools.generate_exercises(root)
+    done = workspace.prepare(root, out=quiet)
+    assert f"{workspace.WORK}/notebooks/99_demo.ipynb" in done["updated"]
+    assert done["kept"] == [f"{workspace.WORK}/exercises/99_exercises_demo.ipynb"]
+    assert "New section" in lesson.read_text(encoding="utf-8")
+    assert "return 1" in mine.read_text(encoding="utf-8") and "New section" not in mine.read_text(encoding="utf-8")
+    assert workspace.prepare(root, out=quiet)["updated"] == []  # idempotent
+    path, backup = workspace.reset(mine, root)  # the one command that takes the new version, keeping the old
+    assert "New section" in mine.read_text(encoding="utf-8") and "return 1" in backup.read_text(encoding="utf-8")
+    assert backup.parent == work / workspace.BACKUPS
+
+
+def test_regenerating_exercises_keeps_answers_written_in_them(tmp_path):
+    root = course_folder(tmp_path)
+    path = root / "exercises" / "99_demo.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].source = "def f():\n    return 'my answer'"
+    nbformat.write(nb, path)
+    assert nbtools.generate_exercises(root) == ["99_demo.ipynb"]  # what the test suite's advice runs
+    kept = list((root / "my-work" / "backups").glob("99_demo.*.ipynb"))
+    assert len(kept) == 1 and "my answer" in kept[0].read_text(encoding="utf-8")
+    assert nbtools.generate_exercises(root) == [] and len(list((root / "my-work" / "backups").iterdir())) == 1

@@ -124,8 +124,10 @@ def test_exercise_notebook_raises_only_not_implemented(path, tmp_path):
               for o in c.outputs if o.output_type == "error"]
     bad = [e for e in errors if e[1] not in ("NotImplementedError", "ExerciseNotDone")]
     assert not bad, f"errors other than the stubs' NotImplementedError: {bad}"
-    assert errors, "the untouched exercises should raise NotImplementedError somewhere"
     shown = "\n".join(_output_text(c) for c in nb.cells if c.cell_type == "code")
+    # in a learner's kernel an untouched stub or check is a calm note on stdout, not a traceback (checks/notes.py)
+    assert errors or "not attempted yet" in shown or "not written yet" in shown, (
+        "the untouched exercises should say, somewhere, that they are not attempted yet")
     assert not _answers_shown(path.name[:2], shown), "Run All on the untouched notebook shows a prediction's answer"
     named = [(ex.id, word) for ex in checks.exercises_for(path.name[:2]) if ex.category == "bug"
              for word in ex.bug_words if re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", shown, re.IGNORECASE)]

@@ -140,8 +140,37 @@ def write_nbgrader_source(course: Path, root: Path = ROOT) -> list[Path]:
     return written
 
 
+def _answers(text: str) -> dict[str, str]:
+    """The answer cells' sources (nbgrader solution cells) of a notebook's text, by grade id."""
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception:
+        return {"<unreadable>": text}
+    return {c.metadata.get("nbgrader", {}).get("grade_id", str(i)): c.source for i, c in enumerate(nb.cells)
+            if c.metadata.get("nbgrader", {}).get("solution")}
+
+
+def keep_learner_work(path: Path, new_text: str | None, root: Path = ROOT) -> Path | None:
+    """Before `path` (a file in exercises/) is overwritten with `new_text` (None: deleted): if its answer cells
+    hold anything but the new version's stubs (someone answered in it, e.g. before ``./course lab`` gave
+    learners their own copies in my-work/), copy it to ``my-work/backups/`` and return the copy. Regenerating
+    the exercises never destroys work."""
+    if not path.exists():
+        return None
+    old = path.read_text(encoding="utf-8")
+    mine = _answers(old)
+    if not mine or (new_text is not None and mine == _answers(new_text)):
+        return None
+    backup = Path(root) / "my-work" / "backups" / f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}"
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    backup.write_text(old, encoding="utf-8")
+    print(f"note: {path.name} held answers of its own: kept as {backup}", file=sys.stderr)
+    return backup
+
+
 def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]:
-    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed."""
+    """Write exercises/NN_*.ipynb from solutions/; return the names that were (or would be) changed. A file whose
+    answer cells hold anything but stubs is first copied to my-work/backups/ (:func:`keep_learner_work`)."""
     changed = []
     (root / "exercises").mkdir(exist_ok=True)
     sources = sorted((root / "solutions").glob("*.ipynb"))
@@ -151,11 +180,13 @@ def generate_exercises(root: Path = ROOT, check_only: bool = False) -> list[str]
         if not dst.exists() or dst.read_text(encoding="utf-8") != want:
             changed.append(dst.name)
             if not check_only:
+                keep_learner_work(dst, want, root)
                 dst.write_text(want, encoding="utf-8")
     stale = {p.name for p in (root / "exercises").glob("*.ipynb")} - {p.name for p in sources}
     for name in sorted(stale):
         changed.append(name)
         if not check_only:
+            keep_learner_work(root / "exercises" / name, None, root)
             (root / "exercises" / name).unlink()
     return changed
 
@@ -236,7 +267,10 @@ def kernel_manager():
 
     class CurrentEnvSpecs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
-            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            # log level ERROR: ipykernel's "running over TCP without encryption" warning (a kernel on this
+            # machine, started by this process) would otherwise be printed once per notebook
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                    "--IPKernelApp.log_level=ERROR"],
                               display_name=KERNELSPEC["display_name"], language="python")
 
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())

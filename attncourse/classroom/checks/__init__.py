@@ -47,9 +47,11 @@ import numpy as np
 import torch
 
 from . import forbidden
+from .notes import STUB_LINE, WIDTH, install_notes, quiet_note, wrap  # noqa: F401
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
-           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property", "uses"]
+           "exercises_for", "registry", "compare", "feedback", "to_portable", "render", "passed", "judge_property", "uses",
+           "diagnose", "install_notes", "quiet_note"]
 
 # What an exercise asks of the learner. Every chapter has at least one of each (tests/test_exercise_standard.py).
 #   implement:  write a function the lesson did not show line by line; `forbid` names the library functions
@@ -78,7 +80,8 @@ class ExerciseNotDone(NotImplementedError):
 
 
 def render(err: BaseException) -> list[str]:
-    """What a learner sees for a failed check: the message, then the learner's own frames of its cause."""
+    """What a learner sees for a failed check: the message, then the learner's own frames of its cause, each line
+    wrapped between words."""
     lines = str(err).split("\n")
     cause = err.__cause__
     if cause is not None and cause.__traceback__ is not None:
@@ -87,7 +90,7 @@ def render(err: BaseException) -> list[str]:
         at = next((i for i, line in enumerate(lines) if line.startswith("  hint:")), len(lines))
         lines[at:at] = [f"  your code{'' if f.name == '<module>' else f' in {f.name}'}, line {f.lineno} of its "
                         f"cell: {(f.line or '').strip()}" for f in frames[-3:]]
-    return lines
+    return [part for line in lines for part in wrap(line)]
 
 
 @dataclass
@@ -196,7 +199,8 @@ class uses:
         if not waiting:
             return False
         names = ", ".join(f"`{ex.target}` ({ex.id})" for ex in self.exercises)
-        print(f"note: this cell runs your answer {names}; it will show its result once that answer is written.")
+        print("\n".join(wrap(f"note: this cell runs your answer {names}; it will show its result once that answer "
+                             "is written.")))
         return True
 
 
@@ -276,6 +280,7 @@ def exercises_for(chapter: str) -> list[Exercise]:
 
 # ----------------------------------------------------------------------------- comparison and feedback
 
+from .mistakes import diagnose  # noqa: E402
 from .comparing import (_brief, _compare, _cut, _describe, _describe_kind, _few_valued, _fmt, _off_by,  # noqa: E402
                         _wrong_parts, compare, feedback, to_portable)
 
@@ -322,9 +327,18 @@ def judge_property(ex: Exercise, runs: list[Run]) -> str | None:
     return ex.prop(runs)
 
 
-def _failure(ex: Exercise, case: Case, detail: str) -> CheckFailed:
-    lines = [f"✗ {ex.id}: case '{case.name}' failed", f"  {_cut(detail, 400)}"]
-    if ex.hint:
+def case_label(case: Case) -> str:
+    """A case's name as feedback quotes it (in “…”, so that a name holding ' or " reads right)."""
+    return f"“{case.name}”"
+
+
+def _failure(ex: Exercise, case: Case, detail: str, mistake: str | None = None) -> CheckFailed:
+    """A failed case: what differs, then a hint: the mistake recognised in the answer (see :mod:`.mistakes`),
+    else the exercise's general hint."""
+    lines = [f"✗ {ex.id}: case {case_label(case)} failed", f"  {_cut(detail, 400)}"]
+    if mistake:
+        lines.append(f"  hint: {mistake}")
+    elif ex.hint:
         lines.append(f"  hint: {ex.hint}")
     return CheckFailed("\n".join(lines))
 
@@ -367,10 +381,13 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err
         detail = feedback(ex, got, case)
         if detail:
-            raise _failure(ex, case, detail) from None
+            raise _failure(ex, case, detail, diagnose(ex, got, case)) from None
     detail = judge_property(ex, runs)
     if detail:
         raise CheckFailed("\n".join([f"✗ {ex.id}: every case gives the right result, but not the way this exercise "
                                      f"asks", f"  {_cut(detail, 400)}"] + ([f"  hint: {ex.hint}"] if ex.hint else [])))
     _PASSED.add(ex.id)
     print(f"✓ {ex.id}: all {len(cases)} case(s) passed")
+
+
+install_notes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -72,14 +73,30 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def compare(got: Any, expected: Any, case: Case, reveal: bool = True) -> str | None:
+def compare(got: Any, expected: Any, case: Case, reveal: bool = True, names: tuple[str, ...] = ()) -> str | None:
     """None when `got` matches `expected` under the case's rule, else a specific message. With ``reveal=False``
     the message never shows an expected value: it says what is wrong (a shape, a type, how far off), not what
-    is right."""
+    is right. `names` names the items of a returned tuple ("output", "weights"): a difference inside one starts
+    with its name (else "item 1 of what you returned"); both tuples are shown only when their shapes differ."""
     msg = _compare(got, expected, case, reveal)
-    if msg and msg.startswith("["):  # a difference inside nested tuples: say where, and show both
-        msg = f"at {msg}; expected {_brief(expected)}, got {_brief(got)}" if reveal else f"at {msg}"
+    if msg and msg.startswith("["):  # a difference inside nested tuples: say where
+        path = [int(i) for i in re.findall(r"\[(\d+)\]", msg.split(":", 1)[0])]
+        rest = msg.split(":", 1)[1].strip() if ":" in msg else msg
+        where = _part_name(path, names)
+        msg = f"{where}: {rest}"
+        shown_e, shown_g = _brief(expected), _brief(got)
+        if reveal and shown_e != shown_g:  # the layout differs (a shape, a type): show both
+            msg += f"; expected {shown_e}, got {shown_g}"
     return msg
+
+
+def _part_name(path: list[int], names: tuple[str, ...]) -> str:
+    """"output" for path [0] with names ("output", "weights"); "item 1 of item 0 of what you returned" else."""
+    if len(path) == 1 and path[0] < len(names):
+        return names[path[0]]
+    if path and path[0] < len(names):
+        return " of ".join([f"item {i}" for i in reversed(path[1:])] + [names[path[0]]])
+    return " of ".join([f"item {i}" for i in reversed(path)]) + " of what you returned"
 
 
 def _call_compare(rule: Callable, got: Any, expected: Any) -> str | None:
@@ -165,7 +182,11 @@ def feedback(ex: Exercise, got: Any, case: Case) -> str | None:
     """What the learner is told about `got` on `case`: None when right, else what is wrong. It shows an
     expected value only for the numbers of a tensor an implement or bug exercise returns; a prediction is told
     which parts are wrong (or, for yes/no and choice parts, how many), an experiment how far off it is."""
-    detail = compare(got, case.expected, case, reveal=ex.reveals)
+    from .mistakes import returns
+
+    detail = compare(got, case.expected, case, reveal=ex.reveals, names=ex.parts or returns(ex.id))
+    if detail is not None and ex.numpy:  # the learner works with NumPy arrays: call them so
+        detail = re.sub(r"\btensor\b", "array", detail).replace("a array", "an array")
     if detail is None or ex.category != "predict" or callable(case.compare):
         return detail
     return _wrong_parts(ex, got, case)

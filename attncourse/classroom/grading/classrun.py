@@ -27,7 +27,8 @@ def collect(paths: list[Path]) -> list[tuple[Path, str]]:
 def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: float = 60, timeout: float = 600,
               solutions: Path | None = SOLUTIONS, chapter: str | None = None, progress: bool = True,
               on_result=None, isolate: bool = True, salt: int | None = None) -> list[NotebookResult]:
-    """Grade every (notebook, student), `jobs` at a time, in worker processes; results in input order.
+    """Grade every (notebook, student), `jobs` at a time, in worker processes; results (and the calls to
+    `on_result`) in input order.
 
     Each kernel is a child of the worker grading it, so a notebook that kills its parent process kills
     a worker, never this process; the notebooks that worker had in hand are graded again one at a time
@@ -43,11 +44,16 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
     bar = tqdm(total=len(items), unit="notebook", desc="grading", file=sys.stderr, disable=not progress)
     kwargs = {"solutions": solutions, "chapter": chapter, "salt": salt}
 
+    shown = [0]  # results before this index have been handed to on_result
+
     def done(i: int, res: NotebookResult) -> None:
         results[i] = res
         bar.update(1)
-        if on_result:
-            on_result(res, bar)
+        # on_result sees the results in input order (a stable console), each as soon as all before it are in
+        while shown[0] < len(results) and results[shown[0]] is not None:
+            if on_result:
+                on_result(results[shown[0]], bar)
+            shown[0] += 1
 
     if not isolate:
         for i, (path, student) in enumerate(items):

@@ -1,7 +1,8 @@
 """Grade student notebooks: one, or a whole class in parallel.
 
     python -m attncourse.grade PATH... [--json FILE] [--csv FILE] [--csv-long FILE] [--feedback DIR]
-                               [--jobs N] [--timeout S] [--cell-timeout S] [--solutions DIR] [--chapter NN] [--[no-]progress]
+                               [--jobs N] [--timeout S] [--cell-timeout S] [--solutions DIR | --no-hidden]
+                               [--chapter NN] [--[no-]progress]
 
 PATH is a notebook or a folder of submissions. In a folder, a notebook directly inside it belongs to
 the student named like the file (``alice.ipynb``); a notebook in a sub-folder belongs to the student
@@ -39,7 +40,8 @@ Hidden tests
     hidden tests are skipped and the run says so.
 
 Output
-    Console: one line per notebook and one per exercise. ``--json``: a list with one object per
+    Console: one line per notebook and one per exercise, in the order of the paths (a folder's notebooks
+    sorted by path), whatever order they finish in; a notebook that could not be read is one line. ``--json``: a list with one object per
     notebook (``notebook``, ``student``, ``score``, ``max_score``, ``message``, ``seconds``, ``exercises``: ``id``,
     ``points``, ``max_points``, ``status`` in passed/failed/error/timeout/missing, ``message``).
     ``--csv``: a gradebook, one row per student, columns ``student``, one per exercise id (points),
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS,
                         help="folder of solution notebooks holding hidden tests (default: the course's solutions/)")
+    parser.add_argument("--no-hidden", action="store_true",
+                        help="do not run hidden tests (a learner's self-check: `./course check`)")
     parser.add_argument("--chapter", help="grade every notebook as this chapter (e.g. 03) instead of reading "
                                           "it from each notebook's metadata, grade ids or file name")
     parser.add_argument("--salt", type=int, default=None,
@@ -97,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such file: {', '.join(missing)}")
     if not items:
         parser.error("no notebooks found")
-    if not args.solutions.is_dir():
+    solutions = None if args.no_hidden else args.solutions
+    if solutions is not None and not solutions.is_dir():
         print(f"note: no solutions folder at {args.solutions}: hidden tests are not run", file=sys.stderr)
     checks.registry()  # import every chapter's checks before any student code runs
     results = grade_all(items, jobs=max(1, args.jobs), cell_timeout=args.cell_timeout, timeout=args.timeout,
-                        solutions=args.solutions, chapter=args.chapter, on_result=print_result, salt=args.salt,
+                        solutions=solutions, chapter=args.chapter, on_result=print_result, salt=args.salt,
                         progress=sys.stderr.isatty() if args.progress is None else args.progress)
     if args.json:
         args.json.write_text(json.dumps(to_json(results), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

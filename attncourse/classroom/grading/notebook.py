@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import tempfile
 import time
@@ -54,8 +55,10 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
         result.message, result.seconds = message, time.perf_counter() - start
         return result
 
-    if nb is None:
-        return all_as("error", problem)
+    if nb is None:  # said once, in the notebook's message; each exercise only points there
+        all_as("error", NOT_GRADED)
+        result.message = problem
+        return result
     if not any(c.cell_type == "code" and c.source.strip() for c in nb.cells):
         return all_as("missing", "the notebook has no code")
     hidden = hidden_tests(chapter, Path(solutions) if solutions is not None else None)
@@ -64,6 +67,7 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
         km = kernel_manager()
         client = make_client(nb, cell_timeout, km, tmp)
         notes = []
+        stopped: list[tuple[int, str]] = []  # (index, why) of cells interrupted, and where the time limit struck
         with running(client, km):
             deadline = time.monotonic() + timeout
             session = Session(client, Path(tmp), cell_timeout, deadline,
@@ -73,11 +77,14 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
                     if cell.cell_type != "code" or is_check_cell(cell):
                         continue  # the grader runs its own checks, not the submission's check cells
                     if time.monotonic() > deadline:
-                        notes.append(f"notebook time limit ({timeout:g} s) reached at cell {index}; later cells not run")
+                        notes.append(f"notebook time limit ({timeout:g} s) reached at {cell_name(index, nb)}; "
+                                     "later cells not run")
+                        stopped.append((index, "was not run: the notebook's time limit was reached there"))
                         break
                     limit = session.limit()
                     if not execute(client, cell, index, limit):
-                        notes.append(f"cell {index} exceeded {limit:g} s and was interrupted")
+                        notes.append(f"{cell_name(index, nb)} ran over {limit:g} s and was interrupted")
+                        stopped.append((index, f"ran over {limit:g} s and was interrupted"))
                     cell.outputs = []
                 run_extra(client, KERNEL_SIDE, cell_timeout)
                 for ex in exercises:
@@ -91,10 +98,51 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
                 notes.append(why)
         if client.printed > LOUD_BYTES:
             notes.append(f"the notebook printed {client.printed / 1e6:.1f} MB of output (discarded)")
+    result.exercises = [explain_missing(e, nb, stopped) for e in result.exercises]
     result.score = float(sum(e.points for e in result.exercises))
     result.message = "; ".join(notes)
     result.seconds = time.perf_counter() - start
     return result
+
+
+NOT_GRADED = "not graded: the notebook could not be read (see the note above)"
+
+
+def cell_name(index: int, nb: nbformat.NotebookNode) -> str:
+    """A cell as JupyterLab's status bar names it: "cell 16 of 28" (1-based, markdown cells counted)."""
+    return f"cell {index + 1} of {len(nb.cells)}"
+
+
+def defines(source: str, name: str) -> bool:
+    """Whether a cell's source binds `name` at top level (def, class, assignment, import as)."""
+    n = re.escape(name)
+    return bool(re.search(rf"^(def|class|async def)\s+{n}\b|^{n}\s*(:[^=\n]*)?=(?!=)|^(from\s+\S+\s+)?import\s.*\bas\s+{n}\b",
+                          source, re.M))
+
+
+def explain_missing(e: ExerciseResult, nb: nbformat.NotebookNode, stopped: list[tuple[int, str]]) -> ExerciseResult:
+    """A "not defined" exercise whose defining cell was interrupted (or never reached because an earlier cell
+    was) says so, instead of suggesting the answer is not in the notebook."""
+    if e.status != "missing" or not stopped or "is not defined" not in e.message:
+        return e
+    ex = checks.get(e.id)
+    answer = {f"{i}-answer" for i in (ex.id, *ex.aliases)}
+    where = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (
+        defines(c.source, ex.target) or c.metadata.get("nbgrader", {}).get("grade_id") in answer)]
+    for index, why in stopped:
+        if index in where:
+            return ExerciseResult(e.id, e.points, e.max_points, "timeout",
+                                  f"`{ex.target}` was never defined: its cell, {cell_name(index, nb)}, {why}")
+    before = [(index, why) for index, why in stopped if where and index < where[0]]
+    if not before:
+        return e
+    index, why = before[0]
+    if index == stopped[-1][0] and "time limit" in why:
+        text = f"`{ex.target}` was never defined: its cell, {cell_name(where[0], nb)}, was not reached ({cell_name(index, nb)} {why})"
+    else:
+        text = (f"`{ex.target}` was still not defined after {cell_name(where[0], nb)}, which defines it, ran; an "
+                f"earlier cell, {cell_name(index, nb)}, {why} (does yours depend on it?)")
+    return ExerciseResult(e.id, e.points, e.max_points, "timeout", text)
 
 
 def grade_safely(path: Path, cell_timeout: float = 60, timeout: float = 600, *, solutions: Path | None = SOLUTIONS,

@@ -108,12 +108,13 @@ def judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[s
         if result[0] == "raised":
             if result[1] == "NotImplementedError":
                 return "missing", f"`{ex.target}` is not implemented yet (it raises NotImplementedError)"
-            return "error", f"case '{case.name}': your code raised {result[2]}"
+            return "error", f"case {checks.case_label(case)}: your code raised {result[2]}"
         if result[0] == "forbidden":
-            return "failed", f"case '{case.name}': {forbidden.message(result[1])}"
+            return "failed", f"case {checks.case_label(case)}: {forbidden.message(result[1])}"
         detail = checks.feedback(ex, result[1], case)
         if detail:
-            return "failed", f"case '{case.name}': {detail}"
+            mistake = checks.diagnose(ex, result[1], case)
+            return "failed", f"case {checks.case_label(case)}: {detail}" + (f"; this looks like: {mistake}" if mistake else "")
     runs = [checks.Run(case, result[1], result[2] if len(result) > 2 else None)
             for case, result in zip(cases, reply["results"])]
     detail = checks.judge_property(ex, runs)

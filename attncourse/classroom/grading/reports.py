@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import checks
+from .notebook import NOT_GRADED
 from .results import NotebookResult
 
 
@@ -71,7 +72,7 @@ def feedback_markdown(r: NotebookResult) -> str:
         lines += ["| exercise | points | result |", "| --- | --- | --- |"]
         lines += [f"| {e.id} | {e.points:g} / {e.max_points:g} | {_MARK.get(e.status, e.status)} |" for e in r.exercises]
         lines.append("")
-    todo = [e for e in r.exercises if e.status != "passed"]
+    todo = [e for e in r.exercises if e.status != "passed" and e.message != NOT_GRADED]
     if todo:
         lines += ["## What to look at", ""]
         for e in todo:
@@ -80,8 +81,12 @@ def feedback_markdown(r: NotebookResult) -> str:
             if ex is not None and ex.title:
                 lines += [ex.title.strip(), ""]
             lines += ["```text", e.message, "```", ""]
-            if ex is not None and ex.hint:
+            if ex is not None and ex.hint and e.status in ("failed", "error") and "this looks like:" not in e.message:
+                # a hint for a wrong answer only, and only when the message has not named the mistake already
                 lines += [f"Hint: {ex.hint}", ""]
+    elif r.exercises and all(e.message == NOT_GRADED for e in r.exercises):
+        lines += ["No exercise could be graded: the file is not a readable notebook. Check that you handed in the "
+                  "right file, and that it opens in JupyterLab.", ""]
     elif r.exercises:
         lines += ["Every autograded exercise passed.", ""]
     lines += ["Written answers are graded by hand and are not part of this score. The grader ran its own "
@@ -113,6 +118,10 @@ def print_result(res: NotebookResult, bar=None) -> None:
     from tqdm.auto import tqdm
 
     lines = [f"{res.notebook} [{res.student}]: {res.score:g} / {res.max_score:g}" + (f"  ({res.message})" if res.message else "")]
-    lines += [f"  {e.status:<8} {e.points:g}/{e.max_points:g}  {e.id}: {e.message}" for e in res.exercises]
+    ungraded = [e for e in res.exercises if e.message == NOT_GRADED]
+    lines += [f"  {e.status:<8} {e.points:g}/{e.max_points:g}  {e.id}: {e.message}" for e in res.exercises
+              if e.message != NOT_GRADED]
+    if ungraded:
+        lines.append(f"  {len(ungraded)} exercise(s) not graded: {', '.join(e.id for e in ungraded)}")
     for line in lines:
         tqdm.write(line, file=sys.stdout)

@@ -26,6 +26,9 @@ _QUIET = logging.getLogger("attncourse.grade.nbclient")
 _QUIET.setLevel(logging.CRITICAL)
 
 
+PROBE_S = 30  # how long an interrupted kernel may take to answer (a loaded machine needs more than 10 s)
+
+
 class KernelStuck(Exception):
     """The kernel did not come back after an interrupt."""
 
@@ -80,7 +83,7 @@ def execute(client, cell, index: int, cell_timeout: float) -> bool:
     finally:
         client.timeout = saved
     probe = nbformat.v4.new_code_cell("pass")
-    client.timeout = 10
+    client.timeout = PROBE_S
     try:
         client.execute_cell(probe, index)  # answered only once the interrupted cell has stopped
     except CellTimeoutError:
