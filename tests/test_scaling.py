@@ -1,0 +1,70 @@
+"""attncourse.scaling: gradients checked against autograd on the oracle and the closed-form softmax Jacobian."""
+
+import math
+
+import pytest
+import torch
+
+from attncourse import scaled_dot_product_attention
+from attncourse.scaling import LookupConfig, lookup_batch, score_gradients, train_lookup
+
+
+@pytest.mark.parametrize("scale", ["sqrt", "none", "d", 0.3])
+def test_score_gradients_match_autograd_on_the_oracle(scale):
+    d_k, n, n_keys = 8, 5, 7
+    got = score_gradients(d_k, scale, seed=3, n=n, n_keys=n_keys)
+    gen = torch.Generator().manual_seed(3)               # the same draws, through the course's oracle
+    q = torch.randn(n, 1, d_k, generator=gen).requires_grad_()
+    k = torch.randn(n, n_keys, d_k, generator=gen).requires_grad_()
+    v = torch.randn(n, n_keys, d_k, generator=gen)
+    u = torch.randn(n, 1, d_k, generator=gen)
+    c = {"sqrt": 1 / math.sqrt(d_k), "none": 1.0, "d": 1 / d_k}.get(scale, scale)
+    (scaled_dot_product_attention(q, k, v, scale=c) * u).sum().backward()
+    torch.testing.assert_close(got["query"], q.grad.flatten(1).norm(dim=-1))
+    torch.testing.assert_close(got["key"], k.grad.flatten(1).norm(dim=-1))
+    # dL/ds by the closed form: p * (g - <p, g>) with g = dL/dp = V u
+    with torch.no_grad():
+        p = torch.softmax(q @ k.transpose(-2, -1) * c, dim=-1)           # (n, 1, n_keys)
+        g = u @ v.transpose(-2, -1)                                      # (n, 1, n_keys)
+        ds = p * (g - (p * g).sum(-1, keepdim=True))
+    torch.testing.assert_close(got["logits"], ds.flatten(1).norm(dim=-1))
+    torch.testing.assert_close(got["max_weight"], p.flatten(1).amax(-1))
+
+
+def test_unscaled_saturation_kills_the_bulk_not_the_tail():
+    s = [score_gradients(1024, "sqrt", seed) for seed in range(2)]
+    u = [score_gradients(1024, "none", seed) for seed in range(2)]
+    for a, b in zip(s, u):
+        assert b["logits"].median() < a["logits"].median() / 100
+        assert 0.5 < b["logits"].quantile(0.99) / a["logits"].quantile(0.99) < 2
+        assert (b["max_weight"] > 0.99).float().mean() > 0.5
+
+
+def test_train_lookup_is_deterministic_and_learns():
+    config = LookupConfig(steps=60)
+    a, b = train_lookup(64, "sqrt", 1, config), train_lookup(64, "sqrt", 1, config)
+    torch.testing.assert_close(a["loss"], b["loss"])
+    assert a["loss"][-10:].mean() < 0.5 * a["loss"][:10].mean()
+    assert set(a) == {"loss", "saturated", "logit_grad"} and a["loss"].shape == (60,)
+
+
+def test_lookup_batch_targets_are_the_picked_values():
+    config = LookupConfig(batch=4, noise=0.0)
+    tokens, values, queries, target = lookup_batch(config, torch.Generator().manual_seed(0))
+    assert tokens.shape == (4, 16, 32) and values.shape == (4, 16, 8) and queries.shape == (4, 32)
+    for b in range(4):
+        j = int((tokens[b] == queries[b]).all(-1).nonzero())
+        torch.testing.assert_close(target[b], values[b, j])
+
+
+@pytest.mark.parametrize("bad", ["half", 0, -1.0, True, None])
+def test_bad_scale_is_refused(bad):
+    with pytest.raises(ValueError, match="scale"):
+        score_gradients(8, bad, 0)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises((ValueError, TypeError), match="d_k"):
+        train_lookup(0, "sqrt", 0)
+    with pytest.raises((ValueError, TypeError), match="n_keys"):
+        score_gradients(8, "sqrt", 0, n_keys=0)
