@@ -199,3 +199,19 @@ def test_regenerating_exercises_keeps_answers_written_in_them(tmp_path):
     kept = list((root / "my-work" / "backups").glob("99_demo.*.ipynb"))
     assert len(kept) == 1 and "my answer" in kept[0].read_text(encoding="utf-8")
     assert nbtools.generate_exercises(root) == [] and len(list((root / "my-work" / "backups").iterdir())) == 1
+
+
+def test_time_benchmark_reports_wall_cpu_and_cells_without_writing(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = sum(i * i for i in range(3_000_000))"),
+                nbformat.v4.new_code_cell("y = 1")]
+    path = tmp_path / "busy.ipynb"
+    nbformat.write(nb, path)
+    before = path.read_bytes()
+    wall, cpu, cells = nbtools.time_notebook(path)
+    assert path.read_bytes() == before  # a benchmark never writes the notebook
+    assert [i for i, _ in cells] == [0, 1]  # the CPU probe cell is not reported
+    assert cpu is not None and 0.05 < cpu < wall + 5
+    assert cells[0][1] > cells[1][1]
+    assert nbtools.main(["time", "--budget", "0.001", str(path)]) == 1  # over a tiny budget: exit 1, named
+    assert "busy.ipynb" in capsys.readouterr().out

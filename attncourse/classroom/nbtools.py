@@ -312,6 +312,48 @@ def execute(path: Path, timeout: int = 300) -> float:
     return elapsed
 
 
+BUDGET_S = 60.0  # the course's promise: every notebook's default run, fresh kernel, 2-core laptop CPU
+
+
+def cell_seconds(nb: nbformat.NotebookNode) -> list[tuple[int, float]]:
+    """(cell index, seconds) of each executed code cell, from the timestamps nbclient records while it runs."""
+    from datetime import datetime
+
+    out = []
+    for i, cell in enumerate(nb.cells):
+        t = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in t and "shell.execute_reply" in t:
+            start, end = (datetime.fromisoformat(t[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            out.append((i, (end - start).total_seconds()))
+    return out
+
+
+_CPU_PROBE = ("import resource as _r, json as _j\n"
+              "print(_j.dumps(sum(getattr(_r.getrusage(w), f) for w in (_r.RUSAGE_SELF, _r.RUSAGE_CHILDREN) "
+              "for f in ('ru_utime', 'ru_stime'))))")
+
+
+def time_notebook(path: Path, timeout: int = 600) -> tuple[float, float | None, list[tuple[int, float]]]:
+    """Run a copy of the notebook at `path` in a fresh kernel (the file is not touched): (wall seconds from
+    kernel start to the last reply, the kernel's CPU seconds with its child processes (None where the OS does not
+    say), per-cell wall seconds). On a busy machine the wall time grows and the CPU time does not: CPU seconds at
+    most the budget mean the notebook fits it on an idle machine's one core."""
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(_CPU_PROBE))
+    start = time.perf_counter()
+    run_notebook(nb, Path(path).parent, timeout)
+    wall = time.perf_counter() - start
+    cpu = None
+    for out in nb.cells[-1].get("outputs", []):
+        if out.get("output_type") == "stream":
+            try:
+                cpu = float(out["text"].strip().splitlines()[-1])
+            except ValueError:
+                pass
+    return wall, cpu, cell_seconds(nb)[:-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attncourse.nbtools", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -321,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("execute", help="execute notebooks in place in fresh kernels")
     run.add_argument("paths", nargs="*", type=Path)
     sub.add_parser("refresh", help="execute notebooks/ and solutions/, then regenerate exercises/")
+    tm = sub.add_parser("time", help=f"the notebook-time benchmark: run each notebook (default: notebooks/ and "
+                                     f"solutions/) from a fresh kernel without writing it; print its time and its "
+                                     f"slowest cells; exit 1 if one takes over --budget seconds "
+                                     f"(default {BUDGET_S:.0f}) of wall time and of CPU time (kernel and its workers)")
+    tm.add_argument("paths", nargs="*", type=Path)
+    tm.add_argument("--budget", type=float, default=BUDGET_S)
     norm = sub.add_parser("normalize", help="fix kernelspec and JupyterLab metadata (default: every notebook)")
     norm.add_argument("paths", nargs="*", type=Path)
     norm.add_argument("--check", action="store_true", help="only report; exit 1 if any would change")
@@ -351,6 +399,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if args.check and changed else 0
     paths = getattr(args, "paths", None) or sorted(
         [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
+    if args.command == "time":
+        over = []
+        for path in paths:
+            wall, cpu, cells = time_notebook(Path(path).resolve())
+            slow = ", ".join(f"cell {i}: {s:.1f} s" for i, s in sorted(cells, key=lambda c: -c[1])[:4])
+            # over only if both say so: a busy machine inflates the wall time, threads and workers the CPU time
+            flag = "  OVER BUDGET" if wall > args.budget and (cpu is None or cpu > args.budget) else ""
+            shown_cpu = "?" if cpu is None else f"{cpu:.1f}"
+            print(f"{Path(path).parent.name}/{Path(path).name}: {wall:.1f} s wall, {shown_cpu} s CPU "
+                  f"(slowest {slow}){flag}", flush=True)
+            if flag:
+                over.append(Path(path).name)
+        print(f"{len(over)} notebook(s) over {args.budget:.0f} s: {', '.join(over) or '-'}")
+        return 1 if over else 0
     for path in paths:
         shown = path.relative_to(ROOT) if path.is_absolute() and path.is_relative_to(ROOT) else path
         print(f"{shown}: ", end="", flush=True)
