@@ -41,7 +41,9 @@ CLASSROOM = ["attncourse.classroom", "attncourse.classroom.checks", "attncourse.
              "attncourse.classroom.grading.notebook", "attncourse.classroom.grading.session",
              "attncourse.classroom.grading.remote", "attncourse.classroom.grading.hidden",
              "attncourse.classroom.grading.results", "attncourse.classroom.grading.reports",
-             "attncourse.classroom.nbtools", "attncourse.classroom.release"]
+             "attncourse.classroom.checks.notes", "attncourse.classroom.checks.mistakes",
+             "attncourse.classroom.nbtools", "attncourse.classroom.timing", "attncourse.classroom.release",
+             "attncourse.classroom.workspace"]
 ALIASES = {"grade", "nbtools", "release"}  # `python -m attncourse.X` short names for attncourse.classroom.X
 
 

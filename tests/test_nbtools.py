@@ -208,7 +208,9 @@ def test_time_benchmark_reports_wall_cpu_and_cells_without_writing(tmp_path, cap
     path = tmp_path / "busy.ipynb"
     nbformat.write(nb, path)
     before = path.read_bytes()
-    wall, cpu, cells = nbtools.time_notebook(path)
+    from attncourse.classroom.timing import time_notebook
+
+    wall, cpu, cells = time_notebook(path)
     assert path.read_bytes() == before  # a benchmark never writes the notebook
     assert [i for i, _ in cells] == [0, 1]  # the CPU probe cell is not reported
     assert cpu is not None and 0.05 < cpu < wall + 5

@@ -391,8 +391,7 @@ def _breaker_forward(q, k, v, is_causal=False):
                    "arithmetic outside it",
           breakers=(_breaker_forward,), shortcuts=(_shortcut_forward_package,),
           forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
-                  "attncourse.triton_flash.triton_flash_attention",
-                  "attncourse.triton_flash.triton_flash_attention_forward",
+                  "attncourse.triton_flash.triton_flash_attention", "attncourse.triton_flash.triton_flash_attention_forward",
                   "attncourse.triton_decode.triton_flash_decode", "attncourse.flash.flash_attention_forward"),
           hint="one program per (block of query rows, batch-head); per row keep the running max, the running sum and "
                "an unnormalised output; for each key tile compute the scores on the tensor cores, hide the keys past "

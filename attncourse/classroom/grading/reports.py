@@ -85,7 +85,7 @@ def feedback_markdown(r: NotebookResult) -> str:
                 # a hint for a wrong answer only, and only when the message has not named the mistake already
                 lines += [f"Hint: {ex.hint}", ""]
     elif r.exercises and all(e.message == NOT_GRADED for e in r.exercises):
-        lines += ["No exercise could be graded: the file is not a readable notebook. Check that you handed in the "
+        lines += ["No exercise could be graded: the grader could not read the file (the note above says why). Check that you handed in the "
                   "right file, and that it opens in JupyterLab.", ""]
     elif r.exercises:
         lines += ["Every autograded exercise passed.", ""]

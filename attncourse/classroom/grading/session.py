@@ -95,10 +95,14 @@ def execute(client, cell, index: int, cell_timeout: float) -> bool:
 
 
 def run_extra(client, source: str, cell_timeout: float) -> tuple[nbformat.NotebookNode, bool]:
-    """Execute grader code in the student's kernel as an extra cell appended to the notebook."""
+    """Execute grader code in the student's kernel as an extra cell appended to the notebook, then taken out again
+    (the report numbers the learner's cells as JupyterLab shows them: the grader's own cells are not among them)."""
     cell = nbformat.v4.new_code_cell(source)
     client.nb.cells.append(cell)
-    finished = execute(client, cell, len(client.nb.cells) - 1, cell_timeout)
+    try:
+        finished = execute(client, cell, len(client.nb.cells) - 1, cell_timeout)
+    finally:
+        client.nb.cells.remove(cell)
     return cell, finished
 
 
