@@ -101,8 +101,8 @@ def run_extra(client, source: str, cell_timeout: float) -> tuple[nbformat.Notebo
     client.nb.cells.append(cell)
     try:
         finished = execute(client, cell, len(client.nb.cells) - 1, cell_timeout)
-    finally:
-        client.nb.cells.remove(cell)
+    finally:  # by identity: an equal cell of the learner's must stay
+        client.nb.cells[:] = [c for c in client.nb.cells if c is not cell]
     return cell, finished
 
 
