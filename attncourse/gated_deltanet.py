@@ -108,3 +108,72 @@ class GatedDeltaNet(nn.Module):
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight  # RMSNorm per head
         o = o * F.silu(heads(self.g_proj(x), self.dv))  # the output gate
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1)), GDNCache(tail, state)
+
+
+# ----------------------------------------------------------------------------- a hybrid stack with its caches
+
+
+class CachedAttention(nn.Module):
+    """Causal multi-head softmax attention with a KV cache: (B, T, d_model) -> (B, T, d_model). The cache is a pair
+    (K, V) of (B, H, T_seen, head_dim) that grows by one key and one value per head and token."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int) -> None:
+        super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("head_dim", head_dim)):
+            _validate.positive_int(name, value)
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=False)
+        self.out = nn.Linear(n_heads * head_dim, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, T, d_model), cache (K, V) or None -> (y (B, T, d_model), the cache with T more tokens)."""
+        from .sdpa import scaled_dot_product_attention
+
+        B, T, _ = x.shape
+        q, k, v = (t.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)  # (B,H,T_seen+T,hd)
+        seen = k.shape[2] - T
+        mask = torch.arange(k.shape[2], device=x.device) <= seen + torch.arange(T, device=x.device)[:, None]  # (T,Tk)
+        o = scaled_dot_product_attention(q, k, v, mask)  # (B,H,T,hd), the course's own attention
+        return self.out(o.transpose(1, 2).reshape(B, T, -1)), (k, v)
+
+
+class HybridStack(nn.Module):
+    """Pre-norm residual blocks (RMSNorm, token mixer, RMSNorm, SiLU MLP) whose mixers follow `pattern`: ``"G"`` a
+    :class:`GatedDeltaNet`, ``"A"`` a :class:`CachedAttention`; ``"GGGA" * 2`` is Qwen3-Next's 3:1 schedule.
+    ``forward(x, caches)`` -> (y, caches), one cache per layer (a :class:`GDNCache` or a (K, V) pair).
+    Raises ValueError for a pattern with other letters."""
+
+    def __init__(self, pattern: str, d_model: int, n_heads: int, head_dim: int, chunk_size: int = 64) -> None:
+        super().__init__()
+        if not pattern or set(pattern) - {"G", "A"}:
+            raise ValueError(f"pattern must be a non-empty string of 'G' and 'A', got {pattern!r}")
+        self.pattern = pattern
+        self.mixers = nn.ModuleList(
+            GatedDeltaNet(d_model, n_heads, head_dim, chunk_size=chunk_size) if c == "G"
+            else CachedAttention(d_model, n_heads, head_dim) for c in pattern)
+        self.norms = nn.ModuleList(nn.RMSNorm(d_model) for _ in range(2 * len(pattern)))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.SiLU(),
+                                                nn.Linear(4 * d_model, d_model)) for _ in pattern)
+
+    def forward(self, x: torch.Tensor, caches: list | None = None, recurrent: bool = False) -> tuple[torch.Tensor, list]:
+        """x (B, T, d_model) -> (y (B, T, d_model), the caches after the last token). `recurrent` steps the Gated
+        DeltaNet layers token by token (decode) instead of chunk by chunk (prefill, training)."""
+        caches = caches if caches is not None else [None] * len(self.pattern)
+        new = []
+        for i, (kind, mixer, mlp) in enumerate(zip(self.pattern, self.mixers, self.mlps)):
+            h = self.norms[2 * i](x)
+            out, cache = mixer(h, caches[i], recurrent=recurrent) if kind == "G" else mixer(h, caches[i])
+            x = x + out
+            x = x + mlp(self.norms[2 * i + 1](x))
+            new.append(cache)
+        return x, new
+
+
+def cache_bytes(caches: list) -> tuple[int, int]:
+    """(bytes in the Gated DeltaNet caches, bytes in the KV caches) of a :class:`HybridStack`'s caches."""
+    fixed = sum(c.nbytes() for c in caches if isinstance(c, GDNCache))
+    growing = sum(t.numel() * t.element_size() for c in caches if isinstance(c, tuple) for t in c)
+    return fixed, growing

@@ -372,3 +372,40 @@ def test_gated_deltanet_gradients_and_validation():
         layer(torch.randn(1, 10, 8))
     with pytest.raises((TypeError, ValueError), match="n_heads"):
         GatedDeltaNet(16, n_heads=0, head_dim=8)
+
+
+def test_hybrid_stack_prefill_decode_and_cache_sizes():
+    from attncourse.gated_deltanet import cache_bytes, HybridStack
+
+    torch.manual_seed(3)
+    model = HybridStack("GGGA" * 2, d_model=16, n_heads=2, head_dim=8, chunk_size=4).double()
+    x = torch.randn(2, 21, 16, dtype=torch.float64)
+    y_all, _ = model(x)
+    y, caches = model(x[:, :9])
+    outs, fixed, growing = [y], set(), []
+    for t in range(9, 21):
+        y, caches = model(x[:, t:t + 1], caches, recurrent=True)
+        outs.append(y)
+        f, g = cache_bytes(caches)
+        fixed.add(f)
+        growing.append(g)
+    torch.testing.assert_close(torch.cat(outs, 1), y_all, rtol=1e-10, atol=1e-10)
+    assert fixed == {6 * 2 * (3 * 48 + 2 * 8 * 8) * 8}  # 6 GDN layers, batch 2, float64: constant
+    per_token = 2 * 2 * 2 * 2 * 8 * 8  # 2 attention layers x (K, V) x batch 2 x 2 heads x 8 dims x 8 bytes
+    assert growing == [per_token * n for n in range(10, 22)]
+    with pytest.raises(ValueError, match="pattern"):
+        HybridStack("GGXA", d_model=16, n_heads=2, head_dim=8)
+
+
+def test_cached_attention_against_pytorch():
+    from attncourse.gated_deltanet import CachedAttention
+
+    torch.manual_seed(4)
+    attn = CachedAttention(16, n_heads=2, head_dim=8).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    q, k, v = (t.reshape(2, 13, 2, 8).transpose(1, 2) for t in attn.qkv(x).chunk(3, -1))
+    ref = attn.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 13, 16))
+    torch.testing.assert_close(attn(x)[0], ref)
+    y, cache = attn(x[:, :5])
+    y2, _ = attn(x[:, 5:], cache)  # a second prefill after a cache: each query sees the cache and its own past
+    torch.testing.assert_close(torch.cat([y, y2], 1), ref)

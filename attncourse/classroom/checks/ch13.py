@@ -115,30 +115,24 @@ def _breaker_rows_against_all_keys(q, k, v, g, chunk_size):
     return torch.cat(outs, 2)
 
 
-def _shortcut_segsum(q, k, v, g, chunk_size):
-    """Chunk by chunk, but the intra-chunk decay mask is the package's segsum: must be refused."""
-    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    outs = []
-    for a in range(0, q.shape[2], chunk_size):
-        qc, kc, vc, G = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], \
-            g[:, :, a:a + chunk_size].cumsum(-1)
-        mask = la.segsum(g[:, :, a:a + chunk_size]).exp()
-        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * mask) @ vc)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-    return torch.cat(outs, 2)
+def _with_package_mask(mask_of, name: str):
+    """A chunk-by-chunk answer whose intra-chunk decay mask comes from the package (`mask_of(g_chunk)`): refused."""
+    def shortcut(q, k, v, g, chunk_size):
+        S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        outs = []
+        for a in range(0, q.shape[2], chunk_size):
+            qc, kc, vc, gc = (x[:, :, a:a + chunk_size] for x in (q, k, v, g))
+            G = gc.cumsum(-1)
+            outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * mask_of(gc)) @ vc)
+            S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        return torch.cat(outs, 2)
+
+    shortcut.__name__ = shortcut.__qualname__ = name
+    return shortcut
 
 
-def _shortcut_decay_mask(q, k, v, g, chunk_size):
-    """Chunk by chunk, the intra-chunk mask from the package's decay_mask: must be refused."""
-    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    outs = []
-    for a in range(0, q.shape[2], chunk_size):
-        qc, kc, vc, G = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], \
-            g[:, :, a:a + chunk_size].cumsum(-1)
-        outs.append((qc * G[..., None].exp()) @ S
-                    + ((qc @ kc.transpose(-2, -1)) * la.decay_mask(g[:, :, a:a + chunk_size])) @ vc)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-    return torch.cat(outs, 2)
+_shortcut_segsum = _with_package_mask(lambda gc: la.segsum(gc).exp(), "_shortcut_segsum")
+_shortcut_decay_mask = _with_package_mask(lambda gc: la.decay_mask(gc), "_shortcut_decay_mask")
 
 
 # Every form and helper of the package that computes a decayed linear attention or a piece of it (the decay mask,
