@@ -10,8 +10,8 @@ optionally corrects what it stores under key :math:`k_t` (the delta rule), and r
     o_t = s\, S_t^\top q_t
 
 - ``g=None, beta=None``: plain (unnormalised) causal linear attention, :math:`S_t = S_{t-1} + k_t v_t^\top`;
-- ``g`` of shape (B, H, T): a scalar decay per token and head (RetNet with a constant, GLA/Mamba-2 with a
-  data-dependent one); of shape (B, H, T, Dk): a decay per key channel (GLA, Kimi Delta Attention);
+- ``g`` of shape (B, H, T): a scalar decay per token and head (RetNet with a constant, Mamba-2 and Gated
+  DeltaNet with a data-dependent one); of shape (B, H, T, Dk): a decay per key channel (GLA, Kimi Delta Attention);
 - ``beta`` (B, H, T): the delta rule (DeltaNet); with ``g`` as well, the gated delta rule (Gated DeltaNet, KDA).
   Without ``beta`` the update is :math:`S_t = \tilde S_t + k_t v_t^\top`.
 

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from attncourse.classroom import checks
-from attncourse.classroom.checks.ch13 import predicted_reference
 from exercise_routes import NOT_THE_WAY, accepted, failure, refused  # noqa: E402
 
 
@@ -61,6 +60,35 @@ def chunks_at_once(q, k, v, g, chunk_size):
 def test_chunked_decay_right_answers(tmp_path, monkeypatch):
     accepted("13-chunked-decay", chunked_decay_attention, tmp_path, monkeypatch)
     accepted("13-chunked-decay", chunks_at_once, tmp_path, monkeypatch)
+
+
+def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
+    """Routes around the forbidden names: the package's chunked form rebuilt from its code object, its source pasted
+    and run against the package's helpers, a segsum or decay_mask for the intra-chunk mask. All refused."""
+    import inspect
+    import textwrap
+    import types
+
+    from attncourse import linear_attention as la
+
+    rebuilt = types.FunctionType(la.chunked.__code__, vars(la), "chunked", la.chunked.__defaults__)
+
+    def code_object(q, k, v, g, chunk_size):
+        return rebuilt(q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+
+    space = dict(vars(la))
+    exec(textwrap.dedent(inspect.getsource(la.chunked)), space)  # the package's source, pasted
+
+    def pasted(q, k, v, g, chunk_size):
+        return space["chunked"](q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+
+    for route in (code_object, pasted):
+        msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (route.__name__, msg)
+    for ex_id, route in (("13-find-the-bug-1", lambda q, k, v, g, beta, chunk_size:
+                          space["chunked"](q, k, v, g, beta, chunk_size=chunk_size, scale=1.0)[0]),):
+        msg, graded = refused(ex_id, route, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, msg
 
 
 def test_chunked_decay_ratio_of_products_fails():
@@ -163,11 +191,47 @@ def test_the_bug_shows_only_with_a_gate():
 
 
 def test_predict_values_and_feedback():
-    kv, state, even = predicted_reference()
-    assert (kv, state, even) == (512.0, 12.0, 256.0)  # 8*2*4*128*32768*2 B; 24*16*128*128*2 B; 16*128*128/(2*4*128)
+    kv, state, even = 8 * 2 * 4 * 128 * 32768 * 2 / 2**20, 24 * 16 * 128 * 128 * 2 / 2**20, 16 * 128 * 128 / (2 * 4 * 128)
+    assert (kv, state, even) == (512.0, 12.0, 256.0)
     checks.check("13-predict-hybrid-bytes", (kv, state, even))
     msg = failure("13-predict-hybrid-bytes", (kv, state * 2, even))
     assert "state_MiB" in msg and "24" not in msg.replace("13-", "")
+
+
+def test_predict_answer_is_importable_from_nowhere():
+    """The checks module keeps the prediction's model and answer in local names: nothing public returns it, and the
+    exercise notebook imports nothing from the checks but `check` and `passed`."""
+    import ast
+    import inspect
+
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    from attncourse.classroom.checks import ch13
+    from attncourse.hybrid import HybridConfig, LayerKind
+
+    answer = {512.0, 12.0, 256.0}
+    for name, value in vars(ch13).items():
+        if name.startswith("_") or inspect.ismodule(value):
+            continue
+        assert not isinstance(value, (HybridConfig, LayerKind, tuple, float, int)), name
+        if callable(value) and getattr(value, "__module__", "") == ch13.__name__:
+            try:
+                out = value()
+            except TypeError:
+                continue
+            assert not answer & set(out if isinstance(out, tuple) else [out]), name
+    for nb in ("exercises", "solutions"):
+        cells = nbformat.read(ROOT / nb / "13_linear_attention.ipynb", 4).cells
+        for cell in cells:
+            if cell.cell_type != "code":
+                continue
+            for node in ast.walk(ast.parse("\n".join(line for line in cell.source.splitlines()
+                                                     if not line.lstrip().startswith(("%", "!"))))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attncourse.classroom.checks"):
+                    assert node.module == "attncourse.classroom.checks", (nb, node.module)
+                    assert {a.name for a in node.names} <= {"check", "passed"}, (nb, [a.name for a in node.names])
 
 
 # ----------------------------------------------------------------------------- 4. experiment

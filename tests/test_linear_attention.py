@@ -298,3 +298,114 @@ def test_validation():
         la.chunked(q, k, v, initial_state=torch.zeros(2, 3, 8, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="positive"):
         la.state_bytes(0, 128, 128)
+
+
+# ----------------------------------------------------------------------------- the whole Gated DeltaNet layer
+
+
+def fla_style_gated_deltanet(layer, x):
+    """The layer written out step by step from fla's ``fla/layers/gated_deltanet.py`` (projections, ShortConvolution
+    as a depthwise ``F.conv1d`` padded on the left, SiLU, ``naive_gdn_gate``, sigmoid beta, L2-normalised q and k,
+    the gated delta rule token by token with S (Dk, Dv), ``FusedRMSNormGated`` with SiLU, o_proj); our own code."""
+    B, T, _ = x.shape
+    H, Dk, Dv, K = layer.n_heads, layer.dk, layer.dv, layer.conv_size
+    pre = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], -1).transpose(1, 2)  # (B,C,T)
+    conv = F.silu(F.conv1d(F.pad(pre, (K - 1, 0)), layer.conv_weight[:, None, :], groups=pre.shape[1]))
+    q, k, v = conv.transpose(1, 2).split(layer.channels, -1)
+    q = F.normalize(q.reshape(B, T, H, Dk), dim=-1) * Dk ** -0.5
+    k = F.normalize(k.reshape(B, T, H, Dk), dim=-1)
+    v = v.reshape(B, T, H, Dv)
+    g = -layer.A_log.exp() * F.softplus(layer.a_proj(x) + layer.dt_bias)  # (B,T,H) naive_gdn_gate
+    beta = torch.sigmoid(layer.b_proj(x))
+    S = x.new_zeros(B, H, Dk, Dv)
+    outs = []
+    for t in range(T):
+        S = S * g[:, t, :, None, None].exp()
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    o = torch.stack(outs, 1)  # (B,T,H,Dv)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + layer.eps) * layer.o_norm_weight
+    o = o * F.silu(layer.g_proj(x).reshape(B, T, H, Dv))
+    return layer.o_proj(o.reshape(B, T, H * Dv)), S
+
+
+def test_gated_deltanet_layer_matches_fla_layout():
+    from attncourse.gated_deltanet import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(24, n_heads=3, head_dim=8, expand_v=2, chunk_size=8).double()
+    x = torch.randn(2, 37, 24, dtype=torch.float64)
+    y_ref, S_ref = fla_style_gated_deltanet(layer, x)
+    for recurrent in (False, True):
+        y, cache = layer(x, recurrent=recurrent)
+        torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(cache.state, S_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_gated_deltanet_prefill_then_decode_equals_one_pass():
+    from attncourse.gated_deltanet import GatedDeltaNet
+
+    torch.manual_seed(1)
+    layer = GatedDeltaNet(16, n_heads=2, head_dim=8, chunk_size=4).double()
+    x = torch.randn(2, 29, 16, dtype=torch.float64)
+    y_all, _ = layer(x)
+    y_pre, cache = layer(x[:, :11])  # prefill: chunkwise
+    sizes = {cache.nbytes()}
+    steps = [y_pre]
+    for t in range(11, 29):  # decode: one token at a time from the cache
+        y_t, cache = layer(x[:, t:t + 1], cache, recurrent=True)
+        steps.append(y_t)
+        sizes.add(cache.nbytes())
+    torch.testing.assert_close(torch.cat(steps, 1), y_all, rtol=1e-10, atol=1e-10)
+    assert sizes == {2 * (3 * 48 + 2 * 8 * 8) * 8}  # conv tail (3 x 48 channels) + state, float64: constant
+
+
+def test_gated_deltanet_gradients_and_validation():
+    from attncourse.gated_deltanet import GatedDeltaNet
+
+    torch.manual_seed(2)
+    layer = GatedDeltaNet(16, n_heads=2, head_dim=8, chunk_size=4)
+    layer(torch.randn(1, 10, 16))[0].square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
+    with pytest.raises(ValueError, match="d_model = 16"):
+        layer(torch.randn(1, 10, 8))
+    with pytest.raises((TypeError, ValueError), match="n_heads"):
+        GatedDeltaNet(16, n_heads=0, head_dim=8)
+
+
+def test_hybrid_stack_prefill_decode_and_cache_sizes():
+    from attncourse.gated_deltanet import cache_bytes, HybridStack
+
+    torch.manual_seed(3)
+    model = HybridStack("GGGA" * 2, d_model=16, n_heads=2, head_dim=8, chunk_size=4).double()
+    x = torch.randn(2, 21, 16, dtype=torch.float64)
+    y_all, _ = model(x)
+    y, caches = model(x[:, :9])
+    outs, fixed, growing = [y], set(), []
+    for t in range(9, 21):
+        y, caches = model(x[:, t:t + 1], caches, recurrent=True)
+        outs.append(y)
+        f, g = cache_bytes(caches)
+        fixed.add(f)
+        growing.append(g)
+    torch.testing.assert_close(torch.cat(outs, 1), y_all, rtol=1e-10, atol=1e-10)
+    assert fixed == {6 * 2 * (3 * 48 + 2 * 8 * 8) * 8}  # 6 GDN layers, batch 2, float64: constant
+    per_token = 2 * 2 * 2 * 2 * 8 * 8  # 2 attention layers x (K, V) x batch 2 x 2 heads x 8 dims x 8 bytes
+    assert growing == [per_token * n for n in range(10, 22)]
+    with pytest.raises(ValueError, match="pattern"):
+        HybridStack("GGXA", d_model=16, n_heads=2, head_dim=8)
+
+
+def test_cached_attention_against_pytorch():
+    from attncourse.gated_deltanet import CachedAttention
+
+    torch.manual_seed(4)
+    attn = CachedAttention(16, n_heads=2, head_dim=8).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    q, k, v = (t.reshape(2, 13, 2, 8).transpose(1, 2) for t in attn.qkv(x).chunk(3, -1))
+    ref = attn.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 13, 16))
+    torch.testing.assert_close(attn(x)[0], ref)
+    y, cache = attn(x[:, :5])
+    y2, _ = attn(x[:, 5:], cache)  # a second prefill after a cache: each query sees the cache and its own past
+    torch.testing.assert_close(torch.cat([y, y2], 1), ref)
