@@ -105,7 +105,7 @@ def moba_gate(query: torch.Tensor, key: torch.Tensor, block_size: int, top_k: in
         k_past = min(top_k - 1, nb - 1)
         idx = scores.masked_fill(~past, _NEG_INF).topk(k_past, dim=-1).indices  # (B, H, T, k_past) over blocks
         selected.scatter_(-1, idx, True)
-        selected &= past  # a query with fewer earlier blocks than k_past picked some -inf (later) blocks: drop them
+        selected &= past  # keep strictly earlier blocks only
     selected[..., torch.arange(t), own] = True  # its own block, always
     return selected
 

@@ -113,7 +113,9 @@ class RecallModel(nn.Module):
 
 def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eval_batch: int = 512) -> dict[str, float]:
     """Train `method` from `seed`; return ``accuracy`` and ``recall`` (share of held-out sequences whose read keys
-    hold the needle) on `eval_batch` fresh sequences, and ``keys_read`` (mean keys the last query read)."""
+    hold the needle) on `eval_batch` fresh sequences, ``keys_read`` (mean full-resolution keys the last query
+    read) and ``entries_read`` (those plus, for ``nsa``, the compressed entries its compressed branch reads: one per
+    finished block)."""
     cfg = cfg or RecallConfig()
     _validate.positive_int("eval_batch", eval_batch)
     torch.manual_seed(seed)
@@ -132,4 +134,6 @@ def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eva
         logits, allowed = model(keys, values)
     return {"accuracy": float((logits.argmax(-1) == answer).float().mean()),
             "recall": float(allowed[torch.arange(eval_batch), pos].float().mean()),
-            "keys_read": float(allowed.sum(-1).float().mean()), "blocks": n_blocks(cfg.seq_len, cfg.block_size)}
+            "keys_read": float(allowed.sum(-1).float().mean()), "blocks": n_blocks(cfg.seq_len, cfg.block_size),
+            "entries_read": float(allowed.sum(-1).float().mean())
+            + (cfg.seq_len // cfg.block_size if method == "nsa" else 0)}
