@@ -227,7 +227,7 @@ def test_memory_sets_the_batch_on_8_gpus():
     assert H100_X8.total_memory == 8 * 80 * 2**30 and H100_X8.total_bandwidth == 8 * 3.35e12
     fit = max_batch(gqa70, H100_X8, 4096)
     one = serving_bytes(gqa70, H100_X8, 4096)
-    assert fit == int((640e9 - one["weights"]) // one["kv_cache"]) == 374
+    assert fit == int((8 * 80 * 2**30 - one["weights"]) // one["kv_cache"]) == 409
     assert max_batch(mha, H100_X8, 4096) == 49
     # MQA's one KV head is stored on all 8 devices: the same cache bytes as GQA-8's 8 heads
     assert serving_bytes(mqa, H100_X8, 4096)["kv_cache"] == one["kv_cache"]
