@@ -193,7 +193,8 @@ class Hardware:
         return self.n_devices * self.bandwidth
 
 
-H100_X8 = Hardware("8 x H100 SXM 80 GB, tensor parallel", 8, 80e9, 3.35e12)  # NVIDIA H100 datasheet (HBM3)
+H100_X8 = Hardware("8 x H100 SXM 80 GB (80 GiB), tensor parallel", 8, 80 * 2**30, 3.35e12)  # NVIDIA H100 datasheet
+# (HBM3): its "80 GB" of HBM3 are 80 GiB = 85.9e9 bytes (the driver keeps a little for itself; we model all of it)
 
 
 def serving_bytes(cfg: ModelConfig, hw: Hardware, context_len: int, batch_size: int = 1,

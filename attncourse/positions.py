@@ -294,6 +294,89 @@ def rope_permutation(head_dim: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])  # (D,)
 
 
+def t5_relative_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
+                       max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket of each relative position ``key - query`` (Raffel et al. 2020, section 2.1; the bucketing of
+    Mesh TensorFlow and Hugging Face's ``T5Attention._relative_position_bucket``).
+
+    relative_position: integer tensor of any shape, ``j - i`` for key j and query i. Returns a long tensor of the same
+    shape with values in ``[0, num_buckets)``. Bidirectional (an encoder): half the buckets for keys before the
+    query, half for keys after it; unidirectional (a decoder): every bucket for the past, the future maps to bucket
+    0. Within a side, the first half of its buckets hold the distances 0, 1, ... exactly, and the rest cover the
+    distances up to `max_distance` in logarithmically growing bins; farther distances share the last bucket.
+    Raises TypeError for a non-integer tensor, ValueError for num_buckets < 4 (odd when bidirectional) or
+    max_distance not above the exact range.
+    """
+    _validate.tensor("relative_position", relative_position, min_rank=0)
+    if relative_position.is_floating_point() or relative_position.is_complex() or relative_position.dtype == torch.bool:
+        raise TypeError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
+    _validate.positive_int("num_buckets", num_buckets)
+    _validate.positive_int("max_distance", max_distance)
+    side = num_buckets // 2 if bidirectional else num_buckets  # buckets for one side
+    if num_buckets < 4 or (bidirectional and num_buckets % 2):
+        raise ValueError(f"num_buckets must be at least 4 (and even when bidirectional), got {num_buckets}")
+    exact = side // 2  # distances 0 .. exact - 1 get a bucket each
+    if max_distance <= exact:
+        raise ValueError(f"max_distance must exceed the exact range {exact}, got {max_distance}")
+    rel = relative_position.long()
+    if bidirectional:
+        offset = (rel > 0).long() * side  # keys after the query: the upper half of the buckets
+        dist = rel.abs()
+    else:
+        offset = torch.zeros_like(rel)
+        dist = (-rel).clamp(min=0)  # distance into the past; the future is distance 0
+    # log-spaced bins from `exact` to `max_distance`, in float32 and truncated toward zero, as T5's code does
+    far = exact + (torch.log(dist.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+                   * (side - exact)).long()
+    far = far.clamp(max=side - 1)
+    return offset + torch.where(dist < exact, dist, far)
+
+
+class T5RelativeBias(torch.nn.Module):
+    """A learned relative-position bias, one scalar per head and bucket (T5): ``bias[h, i, j] =
+    table[bucket(j - i), h]``, added to the scores (T5 adds it without scaling, in every layer from the first's
+    table). ``forward(q_len, k_len=None, q_offset=None)`` -> (H, Tq, Tk) float; the queries are the last Tq of the
+    Tk positions by default (decoding with a cache). Raises ValueError for bad sizes."""
+
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
+        super().__init__()
+        _validate.positive_int("n_heads", n_heads)
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.table = torch.nn.Embedding(num_buckets, n_heads)  # (buckets, H)
+        t5_relative_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional,
+                           num_buckets=num_buckets, max_distance=max_distance)  # validates the sizes
+
+    def forward(self, q_len: int, k_len: int | None = None, q_offset: int | None = None) -> torch.Tensor:
+        _validate.positive_int("q_len", q_len)
+        k_len = q_len if k_len is None else _validate.positive_int("k_len", k_len)
+        q_offset = k_len - q_len if q_offset is None else q_offset
+        if q_offset < 0:
+            raise ValueError(f"q_offset must be >= 0, got {q_offset} (q_len {q_len}, k_len {k_len})")
+        dev = self.table.weight.device
+        rel = torch.arange(k_len, device=dev)[None, :] - (torch.arange(q_len, device=dev)[:, None] + q_offset)
+        buckets = t5_relative_bucket(rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+                                     max_distance=self.max_distance)  # (Tq, Tk)
+        return self.table(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+
+
+def apply_partial_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, rotary_dim: int,
+                       base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
+    """RoPE on the first `rotary_dim` dims of each head only; the other ``D - rotary_dim`` pass unchanged (GPT-NeoX's
+    and Pythia's ``rotary_pct = 0.25``, Phi-2's ``partial_rotary_factor = 0.4``; DeepSeek-V2/V3 give RoPE its own 64
+    dims beside 128 without it). The frequencies are those of a rotary_dim-wide RoPE, as in Hugging Face.
+
+    x (..., T, D), positions as in :func:`apply_rope`. Returns x's shape and dtype. Raises ValueError for a
+    rotary_dim that is odd, not positive or above D.
+    """
+    _validate.tensor("x", x, min_rank=2, floating=True)
+    d = x.shape[-1]
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= d or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be an even int in (0, D] = (0, {d}] for x of shape {tuple(x.shape)}, "
+                         f"got {rotary_dim!r}")
+    rotated = apply_rope(x[..., :rotary_dim], positions, base=base, interleaved=interleaved)
+    return torch.cat([rotated, x[..., rotary_dim:]], dim=-1)
+
+
 if __name__ == "__main__":  # pragma: no cover - a demo that draws
     import matplotlib.pyplot as plt
 

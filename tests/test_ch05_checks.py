@@ -14,6 +14,7 @@ from attncourse import MultiHeadAttention, mha_to_gqa
 from attncourse.classroom import checks
 from attncourse.classroom.checks import ch05
 from test_ch04_checks import graded, refused
+from test_exercise_standard import as_learner
 
 
 def _mask(t, s):
@@ -54,6 +55,42 @@ def test_grouped_attention(tmp_path, monkeypatch):
     assert graded("05-grouped-attention", gqa_decode_attention, tmp_path, monkeypatch) == "passed"
     for route in (gqa_aten_public, gqa_aten_math, gqa_course, ch05._shortcut_grouped):
         refused("05-grouped-attention", route, tmp_path, monkeypatch)
+
+
+def gqa_review_copy(q, k, v):  # the cold review's route: the copy the lesson warns about, then plain attention
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    T, S = q.shape[-2], k.shape[-2]
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+        ~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def gqa_cat_copy(q, k, v):  # K and V tiled with cat, then reordered: a copy by another name
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    k, v = (torch.cat([x[:, :, None]] * G, 2).reshape(B, H, S, D) for x in (k, v))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~_mask(T, S), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def gqa_one_head_at_a_time(q, k, v):  # no copy at all: each query head reads its KV head where it is
+    B, H, T, D = q.shape
+    G = H // k.shape[1]
+    outs = []
+    for h in range(H):
+        s = (q[:, h] @ k[:, h // G].transpose(-2, -1) / math.sqrt(D)).masked_fill(~_mask(T, k.shape[2]),
+                                                                                  float("-inf"))
+        outs.append(torch.softmax(s, -1) @ v[:, h // G])
+    return torch.stack(outs, 1)
+
+
+def test_grouped_attention_refuses_every_copy_of_k_and_v(tmp_path, monkeypatch):
+    for route in (gqa_review_copy, gqa_cat_copy, *map(as_learner, checks.get("05-grouped-attention").breakers)):
+        msg = refused("05-grouped-attention", route, tmp_path, monkeypatch, called=False)
+        assert "not the way this exercise asks" in msg, msg
+    assert graded("05-grouped-attention", gqa_one_head_at_a_time, tmp_path, monkeypatch) == "passed"
 
 
 # ----------------------------------------------------------------------------- 2. and 3. find the bug
@@ -187,6 +224,18 @@ def test_conversion_experiment(tmp_path, monkeypatch):
         msg = refused("05-conversion-experiment", rule, tmp_path, monkeypatch, called=False)
         assert "expected" not in msg
     refused("05-conversion-experiment", rule_read_off_failures, tmp_path, monkeypatch, called=False)
+
+
+def test_conversion_check_cell_cases_change_from_call_to_call():
+    """A table of verdicts read off one check cell's failures does not pass the next: the halfway seeds are new."""
+    ex = checks.get("05-conversion-experiment")
+    first, second = ex.make_cases(), ex.make_cases()
+    assert [c.args for c in first] != [c.args for c in second]
+    table = {c.args: c.expected for c in first}
+    lookup = lambda seed, spread, others: table.get((seed, spread, others), "mean")  # noqa: E731
+    with pytest.raises(checks.CheckFailed):
+        for _ in range(3):  # a wrong default can be right by chance on one call, not on three
+            checks.check("05-conversion-experiment", lookup)
 
 
 def test_no_rule_of_the_arguments_but_the_seed_predicts_the_verdict():

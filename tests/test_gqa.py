@@ -224,11 +224,11 @@ def test_memory_sets_the_batch_on_8_gpus():
     from attncourse.gqa import H100_X8, Hardware, decode_throughput, max_batch, serving_bytes, with_kv_heads
     gqa70 = model_config("LLaMA-2 70B")
     mha, mqa = with_kv_heads(gqa70, 64), with_kv_heads(gqa70, 1)
-    assert H100_X8.total_memory == 640e9 and H100_X8.total_bandwidth == 8 * 3.35e12
+    assert H100_X8.total_memory == 8 * 80 * 2**30 and H100_X8.total_bandwidth == 8 * 3.35e12
     fit = max_batch(gqa70, H100_X8, 4096)
     one = serving_bytes(gqa70, H100_X8, 4096)
-    assert fit == int((640e9 - one["weights"]) // one["kv_cache"]) == 374
-    assert max_batch(mha, H100_X8, 4096) == 45
+    assert fit == int((8 * 80 * 2**30 - one["weights"]) // one["kv_cache"]) == 409
+    assert max_batch(mha, H100_X8, 4096) == 49
     # MQA's one KV head is stored on all 8 devices: the same cache bytes as GQA-8's 8 heads
     assert serving_bytes(mqa, H100_X8, 4096)["kv_cache"] == one["kv_cache"]
     assert decode_throughput(gqa70, H100_X8, 4096, fit + 1) is None

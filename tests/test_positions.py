@@ -138,3 +138,90 @@ def test_attention_sink_mask():
         masks.attention_sink(-1, 3)
     with pytest.raises(ValueError, match="k_positions"):
         masks.materialize_at(masks.causal, torch.arange(2), torch.zeros(3))
+
+
+# ----------------------------------------------------------------------------- T5's relative bias, partial RoPE
+
+
+def _t5_bucket_reference(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+    """T5's bucketing as Hugging Face writes it (transformers, models/t5/modeling_t5.py,
+    T5Attention._relative_position_bucket, itself from Mesh TensorFlow's transformer_layers.py), restated here
+    step by step because transformers is not a dependency of the course."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+    else:
+        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    large = max_exact + (torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative_position, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (8, 20), (64, 1000)])
+def test_t5_relative_bucket_matches_t5s_code(bidirectional, num_buckets, max_distance):
+    from attncourse.positions import t5_relative_bucket
+    rel = torch.arange(-3000, 3001)
+    got = t5_relative_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    torch.testing.assert_close(got, _t5_bucket_reference(rel, bidirectional, num_buckets, max_distance), rtol=0, atol=0)
+
+
+def test_t5_relative_bucket_known_values():
+    from attncourse.positions import t5_relative_bucket
+    rel = torch.tensor([0, -1, -7, -8, -16, -127, -128, -5000, 1, 7, 8, 5000])
+    # encoder (bidirectional, 32 buckets, 128): 0..7 exact, then log bins; the future is 16 + the same
+    assert t5_relative_bucket(rel).tolist() == [0, 1, 7, 8, 10, 15, 15, 15, 17, 23, 24, 31]
+    # decoder: the future is bucket 0, the past has 32 buckets, 0..15 exact
+    assert t5_relative_bucket(rel, bidirectional=False).tolist() == [0, 1, 7, 8, 16, 31, 31, 31, 0, 0, 0, 0]
+
+
+def test_t5_relative_bucket_rejects_bad_input():
+    from attncourse.positions import t5_relative_bucket
+    with pytest.raises(TypeError, match="relative_position"):
+        t5_relative_bucket(torch.zeros(3))
+    with pytest.raises(ValueError, match="num_buckets"):
+        t5_relative_bucket(torch.zeros(3, dtype=torch.long), num_buckets=7)
+    with pytest.raises(ValueError, match="max_distance"):
+        t5_relative_bucket(torch.zeros(3, dtype=torch.long), num_buckets=32, max_distance=4)
+
+
+def test_t5_relative_bias_is_a_table_lookup_per_head_and_decodes_like_the_full_bias():
+    from attncourse.positions import T5RelativeBias, t5_relative_bucket
+    torch.manual_seed(0)
+    mod = T5RelativeBias(4, num_buckets=16, max_distance=32, bidirectional=False)
+    full = mod(10)  # (H, T, T)
+    assert full.shape == (4, 10, 10)
+    rel = torch.arange(10)[None, :] - torch.arange(10)[:, None]
+    b = t5_relative_bucket(rel, bidirectional=False, num_buckets=16, max_distance=32)
+    for h in range(4):
+        torch.testing.assert_close(full[h], mod.table.weight[:, h][b])
+    torch.testing.assert_close(mod(3, 10), full[:, -3:])  # the last 3 queries over 10 keys
+    # relative: the same offset gives the same bias wherever it sits
+    torch.testing.assert_close(full[:, 5, 2], full[:, 8, 5])
+    with pytest.raises(ValueError, match="q_offset"):
+        mod(4, 10, q_offset=-1)
+
+
+def test_partial_rope_rotates_only_the_first_dims():
+    from attncourse.positions import apply_partial_rope, apply_rope
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 16, dtype=torch.float64)
+    pos = torch.arange(7) + 5
+    out = apply_partial_rope(x, pos, rotary_dim=4)
+    torch.testing.assert_close(out[..., :4], apply_rope(x[..., :4], pos))
+    torch.testing.assert_close(out[..., 4:], x[..., 4:], rtol=0, atol=0)
+    torch.testing.assert_close(apply_partial_rope(x, pos, rotary_dim=16), apply_rope(x, pos))
+    # GPT-NeoX's own formulation (rotate_half on the rotary slice, frequencies of a rotary_dim-wide RoPE)
+    inv = 1.0 / (10000 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4))
+    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)  # (T, 4)
+    rot, rest = x[..., :4], x[..., 4:]
+    half = torch.cat([-rot[..., 2:], rot[..., :2]], -1)
+    torch.testing.assert_close(out, torch.cat([rot * emb.cos() + half * emb.sin(), rest], -1))
+    for bad in (0, 3, 18, 4.0, True):
+        with pytest.raises(ValueError, match="rotary_dim"):
+            apply_partial_rope(x, pos, rotary_dim=bad)
