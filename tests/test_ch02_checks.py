@@ -113,9 +113,14 @@ def test_find_the_bug_routes(tmp_path, monkeypatch):
         valid = torch.arange(keys.shape[1]) < lengths[:, None]
         return scaled_dot_product_attention(query[:, None], keys, values, valid[:, None], scale=1.0).squeeze(1)
 
-    for route in (luong_module, aten_kernel, course_attention, _buggy):
+    def aten_safe_softmax(query, keys, values, lengths):  # the mask fixed, the softmax left to PyTorch's kernel
+        valid = torch.arange(keys.shape[1]) < lengths[:, None]
+        scores = torch.einsum("bd,btd->bt", query, keys).masked_fill(~valid, float("-inf"))
+        return torch.einsum("bt,btv->bv", torch.ops.aten._safe_softmax(scores, -1), values)
+
+    for route in (luong_module, aten_kernel, course_attention, aten_safe_softmax, _buggy):
         refused("02-find-the-bug", route, tmp_path, monkeypatch, why="")
-    for route in (luong_module, aten_kernel, course_attention):
+    for route in (luong_module, aten_kernel, course_attention, aten_safe_softmax):
         refused("02-find-the-bug", route, tmp_path, monkeypatch)
     accepted("02-find-the-bug", _fixed, tmp_path, monkeypatch)
 

@@ -137,14 +137,23 @@ def _shortcut_aten_sdpa(query, keys, values, lengths):
                                                        scale=1.0).squeeze(1)
 
 
+def _shortcut_aten_safe_softmax(query, keys, values, lengths):
+    """PyTorch's masked-row-safe softmax under its ATen name (the fused kernel's softmax): refused."""
+    valid = torch.arange(keys.shape[1]) < lengths[:, None]
+    scores = torch.einsum("bd,btd->bt", query, keys).masked_fill(~valid, float("-inf"))
+    return torch.einsum("bt,btv->bv", torch.ops.aten._safe_softmax(scores, -1), values)
+
+
 @exercise("02-find-the-bug", "luong_dot_attention", points=2, category="bug",
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
           bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
                      "blocked", "True = padding", "True at padding", "true where padded", "double negat",
                      "negation", "flipped", "flip the", "wrong way round", "the wrong positions",
                      "attends to the padding", "attended only to their"),
-          allow=(), ops=("attention",),
-          shortcuts=(_shortcut_luong_module, _shortcut_course_sdpa, _shortcut_aten_sdpa),
+          allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
+                         "aten::_sparse_log_softmax"),
+          shortcuts=(_shortcut_luong_module, _shortcut_course_sdpa, _shortcut_aten_sdpa,
+                     _shortcut_aten_safe_softmax),
           prop_doc="output equality is the property: each context mixes exactly the first lengths[b] values of its "
                    "row, which only the right mask gives",
           hint="run the given function on a batch whose rows have different lengths, with zeros at the padded "
