@@ -841,6 +841,7 @@ def _running(call):
 # Modules of the package that are tooling, not lessons (kernels, files, subprocesses, benchmarks): the corpus checks
 # the guard's decision on entering their code rather than running it with an exercise's arguments.
 SYSTEM_MODULES = ("attncourse.classroom.nbtools", "attncourse.classroom.release", "attncourse.classroom.workspace",
+                  "attncourse.classroom.timing",
                   "attncourse.nbtools",
                   "attncourse.release", "attncourse.bench", "attncourse.utils", "attncourse.ring_train",
                   "attncourse.ring.run_distributed", "attncourse.seq2seq")
