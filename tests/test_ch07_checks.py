@@ -55,6 +55,38 @@ def test_cache_mask_right_and_wrong():
     assert "called" not in failure("07-cache-mask", off_by_one)
 
 
+def test_cache_mask_every_triangle_spelling_refused():
+    """The triangle is refused however it is reached: the ATen operator, a method looked up by name, numpy."""
+    import numpy as np
+
+    def aten_default(q, k, w=None):
+        keep = torch.ops.aten.tril.default(torch.ones(q, k, dtype=torch.bool), k - q)
+        return keep if w is None else keep & ~torch.ops.aten.tril.default(torch.ones(q, k, dtype=torch.bool), k - q - w)
+
+    def by_getattr(q, k, w=None):
+        ones = torch.ones(q, k, dtype=torch.bool)
+        keep = getattr(ones, "tr" + "il")(k - q)
+        return keep if w is None else keep & ~getattr(ones, "tr" + "il")(k - q - w)
+
+    def triu_negated(q, k, w=None):
+        ones = torch.ones(q, k, dtype=torch.bool)
+        keep = ~torch.ops.aten.triu(ones, k - q + 1)
+        return keep if w is None else keep & torch.ops.aten.triu(ones, k - q - w + 1)
+
+    def numpy_tri(q, k, w=None):
+        keep = np.tri(q, k, k - q, dtype=bool)
+        return torch.from_numpy(keep if w is None else keep & ~np.tri(q, k, k - q - w, dtype=bool))
+
+    def numpy_import(q, k, w=None):
+        tril = getattr(__import__("numpy"), "tr" + "il")
+        ones = np.ones((q, k), dtype=bool)
+        keep = tril(ones, k - q)
+        return torch.from_numpy(keep if w is None else keep & ~tril(ones, k - q - w))
+
+    for answer in (aten_default, by_getattr, triu_negated, numpy_tri, numpy_import):
+        assert "called" in failure("07-cache-mask", answer), answer.__name__
+
+
 # ----------------------------------------------------------------------------- 2. cache update
 
 

@@ -35,6 +35,23 @@ def _shortcut_cache_mask_tril(q_len, k_len, window=None):
     return keep if window is None else keep & ~ones.tril(diagonal=k_len - q_len - window)
 
 
+def _shortcut_cache_mask_aten(q_len, k_len, window=None):
+    """The triangle through the ATen operator directly: must be refused (ops family aten::tril)."""
+    ones = torch.ones(q_len, k_len, dtype=torch.bool)
+    keep = torch.ops.aten.tril.default(ones, k_len - q_len)  # (Tq, Tk)
+    return keep if window is None else keep & ~torch.ops.aten.tril.default(ones, k_len - q_len - window)
+
+
+def _shortcut_cache_mask_numpy(q_len, k_len, window=None):
+    """The triangle from numpy: must be refused (numpy.tril)."""
+    import numpy
+    ones = numpy.ones((q_len, k_len), dtype=bool)
+    keep = numpy.tril(ones, k_len - q_len)  # (Tq, Tk)
+    if window is not None:
+        keep = keep & ~numpy.tril(ones, k_len - q_len - window)
+    return torch.from_numpy(keep)
+
+
 def _shortcut_cache_mask_masks(q_len, k_len, window=None):
     """The course's mask functions: must be refused."""
     q_pos = torch.arange(q_len) + (k_len - q_len)
@@ -43,8 +60,12 @@ def _shortcut_cache_mask_masks(q_len, k_len, window=None):
 
 
 @exercise("07-cache-mask", "cache_mask", points=2, category="implement",
-          forbid=_MASK_FUNCTIONS + ("torch.tril", "torch.triu", "torch.nn.attention.bias.causal_lower_right"),
-          shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks), allow=(), ops=(),
+          forbid=_MASK_FUNCTIONS + ("torch.tril", "torch.triu", "torch.tril_indices", "torch.triu_indices",
+                                    "torch.nn.attention.bias.causal_lower_right", "numpy.tril", "numpy.triu",
+                                    "numpy.tri", "numpy.tril_indices", "numpy.triu_indices", "numpy.ma.mask_rowcols"),
+          shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks, _shortcut_cache_mask_aten,
+                     _shortcut_cache_mask_numpy), allow=(),
+          ops=("aten::tril", "aten::triu", "aten::tril_indices", "aten::triu_indices"),
           prop_doc="a mask is its entries: equality on every alignment and window (wider than Tk, of 1, none) is the "
                    "property",
           hint="the lesson's section 2 shows where the new queries sit among the keys; a window adds one more "

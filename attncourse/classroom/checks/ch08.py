@@ -205,10 +205,10 @@ def _breaker_buffer_two_pass(chunks, chunk_size):
           prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, and a constant amount "
                    "of work per row after the last chunk",
           title="A log-softmax that reads its input once",
-          hint="write each chunk relative to the running maximum as soon as you read it, in log space; when the "
-               "maximum grows, what operation brings what you already wrote to the new maximum (in log space it "
-               "is not a product)? At the end one more correction per row finishes the job. A fully masked row "
-               "gives minus infinity everywhere, never NaN")
+          hint="keep the running maximum and sum as in the lesson; in log space the correction for a grown maximum "
+               "is not a product but a subtraction, the same for every entry of the row, so corrections add up and "
+               "can wait: write each chunk as you read it and correct the whole row once, after the stream. A fully "
+               "masked row gives minus infinity everywhere, never NaN")
 def _one_pass_log():
     """Log-softmax over the last dim of a one-shot stream of chunks, read once."""
     gen = torch.Generator().manual_seed(9)
