@@ -15,3 +15,8 @@ if "inline" not in os.environ.get("MPLBACKEND", "inline"):
 # on a GPU, compiling the full space for every test shape dominated the run). The benchmark and learners keep the
 # full space; see attncourse.triton_common.autotune_search.
 os.environ.setdefault("ATTNCOURSE_AUTOTUNE", "quick")
+
+# One intra-op thread per process: the suite runs one pytest worker per core, and each worker's notebook kernel,
+# grader kernel or unit test would otherwise start a thread per core too, so two workers on a 2-core CI machine
+# would run four busy threads. Lessons that time something set their own thread count. Kernels inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
