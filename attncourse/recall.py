@@ -3,6 +3,8 @@
 - :func:`memory_recall`: write N random (key, value) pairs into one memory, read every key back, count the exact
   recalls. The memory is a softmax over the stored keys (the KV cache), the outer-product sum of linear attention,
   or the delta rule's state. No training: the capacity of the update rule itself.
+- :func:`needle_recall`: the same memories in a needle-in-a-haystack test (RULER's single-needle task, untrained):
+  one pair is asked back at a chosen depth of a haystack of L pairs, as a function of L and the depth.
 - :func:`mqar_batch`, :class:`RecallModel`, :func:`train_recall`: multi-query associative recall in the style of
   Zoology (Arora et al. 2023, arXiv:2312.04927): N key-value pairs, then the N keys again in a random order; the
   model must name each key's value. Small models of each layer type are trained on it from a seed.
@@ -10,7 +12,7 @@
 
 from __future__ import annotations
 
-
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,7 @@ from . import linear_attention as la
 from .sdpa import scaled_dot_product_attention
 
 RULES = ("softmax", "linear", "delta")
+NEEDLE_RULES = ("softmax", "linear", "delta", "gated delta")
 MIXERS = ("softmax", "linear", "gla", "deltanet", "gated_deltanet", "kda")
 
 
@@ -52,6 +55,43 @@ def memory_recall(rule: str, n_pairs: int, dim: int, seed: int, temperature: flo
         read = keys @ state  # (1,1,N,d) @ (1,1,d,d): S^T k for every key
     nearest = (read @ values.transpose(-2, -1)).argmax(-1)  # (1,1,N) the stored value closest to each read
     return float((nearest == torch.arange(n_pairs)).double().mean())
+
+
+def needle_recall(rule: str, length: int, depth: float, dim: int, seed: int, trials: int = 32,
+                  temperature: float = 30.0, decay: float = 0.95) -> float:
+    """Fraction of `trials` haystacks whose needle is read back exactly, the needle at `depth` of `length` pairs.
+
+    Each trial writes `length` pairs of random unit keys and values in order (the haystack); the pair at position
+    ``round(depth * (length - 1))`` is the needle, and its key is the query. A read is right when the stored value
+    closest to what the memory returns is the needle's. ``"softmax"``, ``"linear"`` and ``"delta"`` are
+    :func:`memory_recall`'s memories; ``"gated delta"`` is the delta rule with a constant decay `decay` per step
+    (Gated DeltaNet with a fixed gate). The trials are one batch, drawn from `seed`.
+
+    Raises: ValueError for an unknown rule, a depth outside [0, 1] or a decay outside (0, 1]; TypeError/ValueError
+    for sizes that are not positive ints.
+    """
+    if rule not in NEEDLE_RULES:
+        raise ValueError(f"rule must be one of {NEEDLE_RULES}, got {rule!r}")
+    for name, x in (("length", length), ("dim", dim), ("trials", trials)):
+        _validate.positive_int(name, x)
+    if not 0.0 <= float(depth) <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    if not 0.0 < float(decay) <= 1.0:
+        raise ValueError(f"decay must be in (0, 1], got {decay}")
+    gen = torch.Generator().manual_seed(seed)
+    keys = F.normalize(torch.randn(trials, 1, length, dim, generator=gen, dtype=torch.float64), dim=-1)  # (B,1,L,d)
+    values = F.normalize(torch.randn(trials, 1, length, dim, generator=gen, dtype=torch.float64), dim=-1)
+    pos = round(float(depth) * (length - 1))
+    query = keys[:, :, pos:pos + 1]  # (B,1,1,d)
+    if rule == "softmax":
+        read = scaled_dot_product_attention(query, keys, values, scale=temperature)  # (B,1,1,d)
+    else:
+        beta = None if rule == "linear" else torch.ones(trials, 1, length, dtype=torch.float64)
+        g = torch.full((trials, 1, length), math.log(decay), dtype=torch.float64) if rule == "gated delta" else None
+        _, state = la.chunked(keys, keys, values, g, beta, chunk_size=64, scale=1.0)  # (B,1,d,d)
+        read = query @ state  # (B,1,1,d)
+    nearest = (read @ values.transpose(-2, -1)).argmax(-1)  # (B,1,1) the stored value closest to the read
+    return float((nearest == pos).double().mean())
 
 
 # ----------------------------------------------------------------------------- the trained task

@@ -138,27 +138,91 @@ def test_bug_words_stay_out_of_the_notebooks():
 
 
 def test_prediction_counts_by_hand_and_verify_cell_waits():
-    from attncourse.classroom.checks.ch14 import tiles_reference
+    import attncourse.classroom.checks.ch14 as ch14
 
     per_block = sum(min(8, i + 1) for i in range(64))  # blocks read by one query of block i, summed over blocks
     keys = 64 * sum(r + 1 for r in range(64)) + 64 * 64 * sum(min(8, i + 1) - 1 for i in range(64))
-    assert tiles_reference(4096, 64, 8) == (64 * per_block, keys)
     checks.check("14-predict-tiles", (64 * per_block, keys))
     assert "blocks visited" in failure("14-predict-tiles", (64 * per_block + 1, keys))
+    # the answer is importable from nowhere in the checks module, and the exercise notebook does not import the
+    # package's counter before the verify cell
+    public = [n for n in vars(ch14) if not n.startswith("_") and callable(getattr(ch14, n))
+              and getattr(getattr(ch14, n), "__module__", "") == ch14.__name__]
+    assert public == [], public
     nb = nbformat.read(ROOT / "exercises" / "14_learned_sparse_attention.ipynb", as_version=4)
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and "selected_work(" in cell.source:
+        if cell.cell_type == "code" and "selected_work" in cell.source:
             assert cell.source.startswith('if passed("14-predict-tiles")'), i
 
 
 # ----------------------------------------------------------------------------- 4. experiment
 
 
-def test_recall_reference_called_and_constants_refused():
-    from attncourse.classroom.checks.ch14 import selection_recall_reference
+def selection_recall(seed, top_k):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(64, 1, 256, 32, generator=gen)
+    k = torch.randn(64, 1, 256, 32, generator=gen)
+    needle = torch.randint(0, 240, (64,), generator=gen)
+    last = q[:, 0, -1]
+    k[torch.arange(64), 0, needle] += last
+    scores = torch.einsum("nbd,nd->nb", k[:, 0].unflatten(1, (16, 16)).mean(2), last)  # (64, 16)
+    held = needle // 16 == 15
+    if top_k > 1:
+        held |= (scores[:, :15].topk(min(top_k - 1, 15), -1).indices == (needle // 16)[:, None]).any(-1)
+    return float(held.float().mean())
 
-    assert "called" in failure("14-selection-recall", selection_recall_reference)
+
+def test_recall_right_answer(tmp_path, monkeypatch):
+    accepted("14-selection-recall", selection_recall, tmp_path, monkeypatch)
+
+
+def test_recall_reference_copied_and_constants_refused(tmp_path, monkeypatch):
+    """The check's own reference, called or pasted, goes through the package's gate: refused for calling it. The same
+    measurement with the gate written by hand over every query (a learner's exercise-1 gate reused) is refused by the
+    property. Hand-typed values are refused."""
+    import inspect
+    import textwrap
+
+    import attncourse.classroom.checks.ch14 as ch14
+
+    assert "called" in failure("14-selection-recall", ch14._selection_recall_reference)
+    space = dict(vars(ch14))
+    exec(textwrap.dedent(inspect.getsource(ch14._selection_recall_reference)), space)  # its source, pasted
+    msg, graded = refused("14-selection-recall", space["_selection_recall_reference"], tmp_path, monkeypatch)
+    assert "called" in msg and "called" in graded, msg
+
+    def with_exercise_one_gate(seed, top_k):  # the learner's own full gate from exercise 1, every query scored
+        gen = torch.Generator().manual_seed(seed)
+        q, k = torch.randn(64, 1, 256, 32, generator=gen), torch.randn(64, 1, 256, 32, generator=gen)
+        needle = torch.randint(0, 240, (64,), generator=gen)
+        k[torch.arange(64), 0, needle] += q[:, 0, -1]
+        sel = moba_select(q, k, 16, top_k)[:, 0, -1]
+        return float(sel[torch.arange(64), needle // 16].float().mean())
+
+    msg, graded = refused("14-selection-recall", with_exercise_one_gate, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
     cases = checks.get("14-selection-recall").make_cases()
     table = {k: sum(c.expected for c in cases if c.args[1] == k) / 3 for k in (2, 4, 8)}
     failure("14-selection-recall", lambda seed, top_k: table[top_k])  # one value per top_k, read off the cases
     failure("14-selection-recall", lambda seed, top_k: (top_k - 1) / 15)  # chance: the needle has signal
+
+
+# ----------------------------------------------------------------------------- the package's gate, pasted
+
+
+def test_gate_package_source_and_code_object_refused(tmp_path, monkeypatch):
+    """moba_gate rebuilt from its code object, or its source pasted and run against the package's helpers: refused
+    (it enters the course's code). A copy with every helper inlined by hand is the learner's own code (README, "What
+    the guard cannot see")."""
+    import inspect
+    import textwrap
+    import types
+
+    from attncourse import learned_sparse as ls
+
+    rebuilt = types.FunctionType(ls.moba_gate.__code__, vars(ls), "moba_gate")
+    space = dict(vars(ls))
+    exec(textwrap.dedent(inspect.getsource(ls.moba_gate)), space)
+    for route in (rebuilt, space["moba_gate"]):
+        msg, graded = refused("14-moba-gate", route, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, msg

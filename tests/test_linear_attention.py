@@ -409,3 +409,50 @@ def test_cached_attention_against_pytorch():
     y, cache = attn(x[:, :5])
     y2, _ = attn(x[:, 5:], cache)  # a second prefill after a cache: each query sees the cache and its own past
     torch.testing.assert_close(torch.cat([y, y2], 1), ref)
+
+
+# ----------------------------------------------------------------------------- needle in a haystack (untrained)
+
+
+def test_needle_recall_by_rule():
+    from attncourse.recall import needle_recall
+
+    assert needle_recall("softmax", 256, 0.0, 32, 0) == 1.0  # the cache holds every pair apart
+    assert needle_recall("delta", 128, 1.0, 32, 0) == 1.0  # beta = 1 stores the last pair exactly
+    assert needle_recall("delta", 128, 0.0, 32, 0) < 0.2  # ... and overwrites the first
+    assert needle_recall("linear", 16, 0.5, 32, 0) > 0.9 > 0.4 > needle_recall("linear", 256, 0.5, 32, 0)
+    # the decay only takes away: the gated delta rule never keeps an early needle better than the delta rule, summed
+    early = [(needle_recall("gated delta", n, 0.25, 32, s), needle_recall("delta", n, 0.25, 32, s))
+             for n in (32, 64) for s in range(2)]
+    assert sum(g for g, _ in early) < sum(d for _, d in early)
+    # decay 1 is the delta rule
+    assert needle_recall("gated delta", 48, 0.5, 16, 3, decay=1.0) == needle_recall("delta", 48, 0.5, 16, 3)
+
+
+def test_needle_recall_matches_a_hand_written_memory():
+    """One haystack by hand: the sum memory read with the needle's key, nearest stored value."""
+    import torch.nn.functional as F
+
+    from attncourse.recall import needle_recall
+
+    gen = torch.Generator().manual_seed(5)
+    keys = F.normalize(torch.randn(8, 1, 40, 16, generator=gen, dtype=torch.float64), dim=-1)
+    values = F.normalize(torch.randn(8, 1, 40, 16, generator=gen, dtype=torch.float64), dim=-1)
+    pos = round(0.3 * 39)
+    state = keys[:, 0].transpose(-2, -1) @ values[:, 0]  # (8, d, d) = sum_i k_i v_i^T
+    read = (keys[:, 0, pos, None, :] @ state)[:, 0]  # (8, 1, d) @ (8, d, d) -> (8, d)
+    right = (torch.einsum("bd,bld->bl", read, values[:, 0]).argmax(-1) == pos).double().mean()
+    assert needle_recall("linear", 40, 0.3, 16, 5, trials=8) == float(right)
+
+
+def test_needle_recall_rejects_bad_input():
+    from attncourse.recall import needle_recall
+
+    with pytest.raises(ValueError, match="rule"):
+        needle_recall("mamba", 16, 0.5, 8, 0)
+    with pytest.raises(ValueError, match="depth"):
+        needle_recall("linear", 16, 1.5, 8, 0)
+    with pytest.raises(ValueError, match="decay"):
+        needle_recall("gated delta", 16, 0.5, 8, 0, decay=0.0)
+    with pytest.raises(TypeError, match="length"):
+        needle_recall("linear", 16.0, 0.5, 8, 0)

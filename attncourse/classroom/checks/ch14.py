@@ -2,6 +2,11 @@
 
 Expected values come from the package (``moba_gate``, ``selected_work``) or from the course's oracle
 (``scaled_dot_product_attention`` under the selection's token mask), never from a copy of the solution.
+
+Shortcuts (refused for what they call) share :func:`_select_blocks`. Breakers (refused by the property) cannot: the
+guard files every function of this module under the course's code, so a breaker that called a helper here would be
+refused for entering check code, which proves nothing about its property. Each breaker therefore ranks the blocks
+itself, in two lines (:func:`_select_blocks`'s rule written with ``argsort``).
 """
 
 from __future__ import annotations
@@ -45,27 +50,24 @@ def _no_token_scores(runs) -> str | None:
     return None
 
 
+def _select_blocks(gate: torch.Tensor, block_size: int, top_k: int) -> torch.Tensor:
+    """(..., T, nB) block scores -> MoBA's selection: the own block and the top_k - 1 best wholly earlier blocks."""
+    t, nb = gate.shape[-2:]
+    own = torch.arange(t) // block_size
+    past = torch.arange(nb)[None, :] < own[:, None]  # (T, nB)
+    rank = gate.masked_fill(~past, -math.inf).argsort(-1, descending=True).argsort(-1)  # 0 = best earlier block
+    return (rank < top_k - 1) & past | (torch.arange(nb)[None, :] == own[:, None])
+
+
 def _breaker_token_scores(query, key, block_size, top_k):
     """Every query-key score, then averaged per block: the same gate values, T x T work (refused by the property)."""
     b, h, t = query.shape[:3]
-    hkv = key.shape[1]
     nb = -(-t // block_size)
-    k = key.repeat_interleave(h // hkv, dim=1)
-    s = query @ k.transpose(-2, -1)  # (B, H, T, T)
-    padded = s.new_zeros(b, h, t, nb * block_size)
-    padded[..., :t] = s
-    sizes = torch.full((nb,), float(block_size), dtype=s.dtype)
-    sizes[-1] = t - (nb - 1) * block_size
-    gate = padded.view(b, h, t, nb, block_size).sum(-1) / sizes  # (B, H, T, nB) = q . mean of the block's keys
-    own = torch.arange(t) // block_size
-    past = torch.arange(nb)[None, :] < own[:, None]
-    sel = torch.zeros(b, h, t, nb, dtype=torch.bool)
-    if top_k > 1 and nb > 1:
-        idx = gate.masked_fill(~past, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices
-        sel.scatter_(-1, idx, True)
-        sel &= past
-    sel[..., torch.arange(t), own] = True
-    return sel
+    s = query @ key.repeat_interleave(h // key.shape[1], dim=1).transpose(-2, -1)  # (B, H, T, T)
+    gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)  # (B, H, T, nB)
+    own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+    return (rank < top_k - 1) & (blocks < own) | (blocks == own)
 
 
 def _shortcut_package(query, key, block_size, top_k):
@@ -74,18 +76,8 @@ def _shortcut_package(query, key, block_size, top_k):
 
 def _shortcut_pool(query, key, block_size, top_k):
     """The package's pooling, then the rest by hand: must be refused."""
-    h, hkv, t = query.shape[1], key.shape[1], query.shape[2]
-    pooled = mean_pool_blocks(key, block_size).repeat_interleave(h // hkv, dim=1)
-    gate = query @ pooled.transpose(-2, -1)
-    nb = pooled.shape[-2]
-    own = torch.arange(t) // block_size
-    past = torch.arange(nb)[None, :] < own[:, None]
-    sel = torch.zeros(gate.shape, dtype=torch.bool)
-    if top_k > 1 and nb > 1:
-        sel.scatter_(-1, gate.masked_fill(~past, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices, True)
-        sel &= past
-    sel[..., torch.arange(t), own] = True
-    return sel
+    pooled = mean_pool_blocks(key, block_size).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    return _select_blocks(query @ pooled.transpose(-2, -1), block_size, top_k)
 
 
 @exercise("14-moba-gate", "moba_select", points=3, category="implement",
@@ -157,15 +149,10 @@ def _breaker_dense(q, k, v, block, top_k):
     """Dense attention under the selection's token mask: right output, every key read at once."""
     h, t, d = q.shape
     nb = -(-t // block)
-    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)  # (H, nB, D)
-    gate = q @ means.transpose(-2, -1)  # (H, T, nB)
-    own = torch.arange(t) // block
-    earlier = torch.arange(nb)[None, :] < own[:, None]
-    sel = torch.zeros(h, t, nb, dtype=torch.bool)
-    if top_k > 1 and nb > 1:
-        sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices, True)
-        sel &= earlier
-    sel[:, torch.arange(t), own] = True
+    gate = q @ torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1).transpose(-2, -1)
+    own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)  # (H, T, nB)
+    sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
     allowed = sel.repeat_interleave(block, dim=-1)[..., :t] & torch.ones(t, t, dtype=torch.bool).tril()
     s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, -math.inf)  # (H, T, T)
     m0 = q.new_full((h, t), -math.inf)
@@ -177,15 +164,10 @@ def _breaker_every_block(q, k, v, block, top_k):
     """Per query, every earlier block visited and the unselected ones masked: right output, too many reads."""
     h, t, d = q.shape
     nb = -(-t // block)
-    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)  # (H, nB, D)
-    gate = q @ means.transpose(-2, -1)  # (H, T, nB)
-    own = torch.arange(t) // block
-    earlier = torch.arange(nb)[None, :] < own[:, None]
-    sel = torch.zeros(h, t, nb, dtype=torch.bool)
-    if top_k > 1 and nb > 1:
-        sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices, True)
-        sel &= earlier
-    sel[:, torch.arange(t), own] = True
+    gate = q @ torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1).transpose(-2, -1)
+    own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)  # (H, T, nB)
+    sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
     out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
     for hh in range(h):
         for i in range(t):
@@ -245,40 +227,80 @@ def _moba_bug_cases():
 # ----------------------------------------------------------------------------- 3. predict: blocks and keys
 
 
-def tiles_reference(seq_len: int, block_size: int, top_k: int) -> tuple[int, int]:
-    """(blocks visited, keys scored) per head with one query per tile, counted from a real gate on random data."""
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 1, seq_len, 8, generator=gen)
-    k = torch.randn(1, 1, seq_len, 8, generator=gen)
-    work = selected_work(moba_gate(q, k, block_size, top_k), block_size, seq_len)
-    return work["blocks"], work["keys"]
-
-
 @exercise("14-predict-tiles", "tiles_prediction", kind="value", points=2, category="predict",
           parts=("blocks visited", "keys scored"),
           hint="a query in block i has i earlier blocks to choose from; count the blocks each query reads, then the "
                "keys, remembering that inside its own block a query sees only the keys up to itself")
 def _predict_tiles():
     """Predict the blocks visited and keys scored per head by MoBA's loop, T=4096, blocks of 64, top_k=8."""
-    expected = tiles_reference(**TILES_QUESTION)
+    # Counted here from a real gate on random data (the counts do not depend on the data), in local names only: the
+    # checks module exposes no value or function that returns the answer.
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 1, TILES_QUESTION["seq_len"], 8, generator=gen).unbind(0)
+    work = selected_work(moba_gate(q, k, TILES_QUESTION["block_size"], TILES_QUESTION["top_k"]),
+                         TILES_QUESTION["block_size"], TILES_QUESTION["seq_len"])
     return [Case("(blocks visited, keys scored) for T=4096, blocks of 64, top_k=8, one query per tile",
-                 expected=expected, compare="equal")]
+                 expected=(work["blocks"], work["keys"]), compare="equal")]
 
 
 # ----------------------------------------------------------------------------- 4. experiment: recall against top_k
 
+RECALL = dict(n_seq=64, seq_len=256, dim=32, block=16)  # the exercise's sizes: 64 sequences, T=256, D=32, blocks of 16
 
-def selection_recall_reference(seed: int, top_k: int) -> float:
-    """The exercise's measurement (its text gives the recipe): share of 64 sequences whose last query's MoBA
-    selection holds the block of a planted needle key."""
+
+def _selection_recall_reference(seed: int, top_k: int) -> float:
+    """The exercise's measurement, through the package's full gate (which the answer may not call): share of the
+    64 sequences whose last query's MoBA selection holds the block of a planted needle key."""
+    n, t, d, block = RECALL["n_seq"], RECALL["seq_len"], RECALL["dim"], RECALL["block"]
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(64, 1, 256, 32, generator=gen)
-    k = torch.randn(64, 1, 256, 32, generator=gen)
-    pos = torch.randint(0, 240, (64,), generator=gen)
-    rows = torch.arange(64)
+    q = torch.randn(n, 1, t, d, generator=gen)
+    k = torch.randn(n, 1, t, d, generator=gen)
+    pos = torch.randint(0, t - block, (n,), generator=gen)
+    rows = torch.arange(n)
     k[rows, 0, pos] += q[:, 0, -1]
-    sel = moba_gate(q, k, 16, top_k)[:, 0, -1]  # (64, nB)
-    return float(sel[rows, pos // 16].float().mean())
+    sel = moba_gate(q, k, block, top_k)[:, 0, -1]  # (n, nB)
+    return float(sel[rows, pos // block].float().mean())
+
+
+def _last_query_only(runs) -> str | None:
+    """Only the last query is scored: no matrix product runs over the 256 positions, and no operator receives a
+    (positions x blocks) grid of scores or masks: that is MoBA's whole gate, 256 times the work the measurement
+    needs."""
+    t, nb = RECALL["seq_len"], RECALL["seq_len"] // RECALL["block"]
+    for run in runs:
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            op = _op(name)
+            for _label, _off, shape, _stride in tensors:
+                grid = any({a, b} == {t, nb} for a, b in zip(shape, shape[1:]))
+                if grid or (_MATMUL.match(op) and t in shape):
+                    return (f"case '{run.case.name}': an operator ({op}) received a tensor of shape {shape}, one row "
+                            f"per position: the measurement needs the last query's {nb} block scores only")
+    return None
+
+
+def _recall_shortcut_package(seed, top_k):
+    """The package's gate over every query: refused for calling it."""
+    n, t, d, block = 64, 256, 32, 16
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(n, 1, t, d, generator=gen), torch.randn(n, 1, t, d, generator=gen)
+    pos, rows = torch.randint(0, t - block, (n,), generator=gen), torch.arange(n)
+    k[rows, 0, pos] += q[:, 0, -1]
+    return float(moba_gate(q, k, block, top_k)[:, 0, -1][rows, pos // block].float().mean())
+
+
+def _recall_breaker_full_gate(seed, top_k):
+    """MoBA's whole gate by hand (every query against every block summary): the right recall, 256 times the
+    scores (refused by the property)."""
+    n, t, d, block = 64, 256, 32, 16
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(n, 1, t, d, generator=gen), torch.randn(n, 1, t, d, generator=gen)
+    pos, rows = torch.randint(0, t - block, (n,), generator=gen), torch.arange(n)
+    k[rows, 0, pos] += q[:, 0, -1]
+    gate = q[:, 0] @ k[:, 0].view(n, t // block, block, d).mean(2).transpose(-2, -1)  # (n, T, nB)
+    own, blocks = torch.arange(t)[:, None] // block, torch.arange(t // block)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+    sel = ((rank < top_k - 1) & (blocks < own) | (blocks == own))[:, -1]  # (n, nB): the last query's row
+    return float(sel[rows, pos // block].float().mean())
 
 
 def _recall_close(got, expected):
@@ -288,16 +310,22 @@ def _recall_close(got, expected):
         return f"expected a Python float, got {type(got).__name__}"
     if abs(got - expected) > 1e-9:
         return (f"your recall is {abs(got - expected):.3g} away from what the same measurement gives here: check the "
-                "draws (their order, shapes and seed), where the needle goes, and which block you test")
+                "draws (their order, shapes and seed), where the needle goes, and which blocks the last query keeps")
     return None
 
 
 @exercise("14-selection-recall", "selection_recall", points=2, category="experiment",
-          allow=("attncourse.learned_sparse.moba_gate",),
+          forbid=("attncourse.learned_sparse.moba_gate", "attncourse.learned_sparse.mean_pool_blocks",
+                  "attncourse.learned_sparse.selected_work", "attncourse.learned_sparse.blocks_to_mask"),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_last_query_only,
+          shortcuts=(_recall_shortcut_package,), breakers=(_recall_breaker_full_gate,),
+          prop_doc="only the last query is scored against the block summaries (no positions x blocks grid, no matrix "
+                   "product over the positions, from the trace)",
           hint="follow the recipe's draws in their order with one generator; the needle is added to one key of "
-               "each sequence, and the question is only whether the last query's selection holds that key's block")
+               "each sequence; then only the last query matters: its own block, and the top_k - 1 best of the "
+               "blocks before it by its dot product with each block's mean key")
 def _selection_recall():
     """Measure how often MoBA's selection holds a planted needle, for several seeds and top_k."""
-    return [Case(f"seed {seed}, top_k {top_k}", (seed, top_k), expected=selection_recall_reference(seed, top_k),
+    return [Case(f"seed {seed}, top_k {top_k}", (seed, top_k), expected=_selection_recall_reference(seed, top_k),
                  compare=_recall_close)
             for seed in (0, 1, 2) for top_k in (2, 4, 8)]
