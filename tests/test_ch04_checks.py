@@ -15,6 +15,7 @@ from attncourse import MultiHeadAttention, TransformerBlock
 from attncourse.classroom import checks
 from attncourse.classroom.checks import ch04
 from test_exercise_standard import grader_reply, judge
+from test_salting import SALT, _grader as salted_grader
 
 
 def refused(exercise_id, answer, tmp_path, monkeypatch, called=True) -> str:
@@ -139,21 +140,73 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 3. predict
 
 
-RIGHT_ROWS = ((False, False, True, False, False), (False, False, False, True, True))
+def rows_that_survive(perm):
+    return tuple(set(perm[:i + 1]) == set(range(perm[i] + 1)) for i in range(len(perm)))
+
+
+def rows_fixed_points(perm):  # "a row survives where the token did not move": too generous
+    return tuple(p == i for i, p in enumerate(perm))
+
+
+def rows_same_prefix(perm):  # "where the prefix is the same set": forgets that the query changes too
+    return tuple(set(perm[:i + 1]) == set(range(i + 1)) for i in range(len(perm)))
+
+
+def rows_measured(perm):  # the measurement, not a prediction: runs the module
+    m = MultiHeadAttention(8, 2).double()
+    x = torch.randn(1, len(perm), 8, dtype=torch.float64)
+    with torch.no_grad():
+        y, out = m(x[:, perm], is_causal=True), m(x, is_causal=True)
+    return tuple(bool(torch.allclose(y[0, i], out[0, perm[i]])) for i in range(len(perm)))
+
+
+def rows_measured_by_torch_module(perm):  # PyTorch's own module
+    m = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    x = torch.randn(1, len(perm), 8, dtype=torch.float64)
+    mask = torch.ones(len(perm), len(perm), dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        y, out = m(x[:, perm], x[:, perm], x[:, perm], attn_mask=mask)[0], m(x, x, x, attn_mask=mask)[0]
+    return tuple(bool(torch.allclose(y[0, i], out[0, perm[i]])) for i in range(len(perm)))
+
+
+def rows_measured_by_hand(perm):  # a measurement with plain tensor operations, no module
+    x = torch.randn(len(perm), 4, dtype=torch.float64)
+    def attend(z):
+        s = (z @ z.T).masked_fill(torch.ones(len(z), len(z), dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ z
+    y, out = attend(x[perm]), attend(x)
+    return tuple(bool(torch.allclose(y[i], out[perm[i]])) for i in range(len(perm)))
+
+
+def test_predict_permutation_rule(tmp_path, monkeypatch):
+    checks.check("04-predict-causal-permutation", rows_that_survive)
+    assert graded("04-predict-causal-permutation", rows_that_survive, tmp_path, monkeypatch) == "passed"
+    for wrong in (rows_fixed_points, rows_same_prefix, lambda perm: (False,) * len(perm)):
+        refused("04-predict-causal-permutation", wrong, tmp_path, monkeypatch, called=False)
+    for measured in (rows_measured, rows_measured_by_hand, rows_measured_by_torch_module):
+        refused("04-predict-causal-permutation", measured, tmp_path, monkeypatch)
+
+
+def test_predict_permutation_table_fails_the_grader(tmp_path, monkeypatch):
+    table = {tuple(c.args[0]): c.expected for c in checks.get("04-predict-causal-permutation").make_cases()}
+    looked_up = lambda perm: table[tuple(perm)]  # noqa: E731  the check cell's permutations, measured beforehand
+    checks.check("04-predict-causal-permutation", looked_up)  # the check cell's fixed seeds are fooled
+    ex = checks.get("04-predict-causal-permutation")
+    assert salted_grader(ex, looked_up, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")  # the grader's draw
+    assert salted_grader(ex, rows_that_survive, SALT, tmp_path, monkeypatch)[0] == "passed"
 
 
 def test_predict_permutation_tells_nothing_but_wrong():
-    checks.check("04-predict-causal-permutation", RIGHT_ROWS)
     messages = set()
-    for flip in range(10):  # one part wrong, wherever it is: the same message (no count, no position)
-        guess = [list(r) for r in RIGHT_ROWS]
-        guess[flip // 5][flip % 5] = not guess[flip // 5][flip % 5]
+    case = checks.get("04-predict-causal-permutation").make_cases()[3]
+    right = rows_that_survive(case.args[0])
+    for i in range(len(right)):  # one row wrong, wherever it is: the same message (no count, no position)
+        guess = list(right)
+        guess[i] = not guess[i]
         with pytest.raises(checks.CheckFailed) as info:
-            checks.check("04-predict-causal-permutation", tuple(map(tuple, guess)))
+            checks.check("04-predict-causal-permutation", lambda perm, g=tuple(guess), p=tuple(case.args[0]):
+                         g if tuple(perm) == p else rows_that_survive(perm))
         messages.add(str(info.value))
-    with pytest.raises(checks.CheckFailed) as info:
-        checks.check("04-predict-causal-permutation", ((True,) * 5, (True,) * 5))
-    messages.add(str(info.value))
     assert len(messages) == 1, messages
     assert "part(s)" not in messages.pop()
 

@@ -18,27 +18,44 @@ from test_ch04_checks import graded, refused
 # ----------------------------------------------------------------------------- 1. slopes (bug)
 
 
-def slopes_fixed(n_heads):
+def slopes_fixed(n_heads, max_bias=8.0):
     def power_of_two(n):
-        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+        return [2 ** (-max_bias * (h + 1) / n) for h in range(n)]
 
     p = 2 ** math.floor(math.log2(n_heads))
     extra = power_of_two(2 * p)[0::2][: n_heads - p] if p < n_heads else []
     return torch.tensor(power_of_two(p) + extra)
 
 
-def slopes_buggy(n_heads):
+def slopes_buggy(n_heads, max_bias=8.0):  # the exercise's engine: consecutive powers for the extra heads
     p = 2 ** math.floor(math.log2(n_heads))
-    return torch.tensor([2 ** (-8 * (h + 1) / p) for h in range(p)])
+    slopes = [2 ** (-max_bias * k / p) for k in range(1, p + 1)]
+    slopes += [2 ** (-max_bias * k / (2 * p)) for k in range(1, n_heads - p + 1)]
+    return torch.tensor(slopes)
+
+
+def slopes_lesson_rule(n_heads, max_bias=8.0):  # the lesson's rule transcribed with its 8: max_bias ignored
+    return slopes_fixed(n_heads, 8.0)
+
+
+def slopes_only_power_of_two(n_heads, max_bias=8.0):  # the earlier notes' bug: too few slopes
+    p = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor([2 ** (-max_bias * (h + 1) / p) for h in range(p)])
+
+
+def slopes_geometric(n_heads, max_bias=8.0):  # 2^(-b h / H) for every H: not Press et al.'s rule
+    return torch.tensor([2 ** (-max_bias * (h + 1) / n_heads) for h in range(n_heads)])
 
 
 def test_slopes_bug(tmp_path, monkeypatch):
     checks.check("06-find-the-bug-1", slopes_fixed)
     checks.check("06-slopes-bug", slopes_fixed)  # the earlier id still grades
     assert graded("06-find-the-bug-1", slopes_fixed, tmp_path, monkeypatch) == "passed"
-    refused("06-find-the-bug-1", slopes_buggy, tmp_path, monkeypatch, called=False)
-    for route in (alibi_slopes, lambda h: -alibi_bias(h, 2)[:, 1, 0],
-                  lambda h: -grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]):
+    for wrong in (slopes_buggy, slopes_lesson_rule, slopes_only_power_of_two, slopes_geometric):
+        refused("06-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
+    for route in (lambda h, b=8.0: alibi_slopes(h) ** (b / 8), lambda h, b=8.0: (-alibi_bias(h, 2)[:, 1, 0]) ** (b / 8),
+                  lambda h, b=8.0: (-grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]) ** (b / 8),
+                  ch06._slopes_reference):
         refused("06-find-the-bug-1", route, tmp_path, monkeypatch)
 
 

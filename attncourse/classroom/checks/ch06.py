@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attncourse.masks import causal_bottom_right, materialize
@@ -10,27 +12,39 @@ from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply
 from . import Case, exercise
 
 
-def _slopes_by_library(n_heads):  # the course's slopes, the function the check compares with
-    return alibi_slopes(n_heads)
+def _slopes_reference(n_heads: int, max_bias: float) -> torch.Tensor:
+    """Press et al.'s rule with the 8 replaced by `max_bias`, in MPT's form (``gen_slopes``): the slopes of the next
+    power of two, even-numbered ones first (those are the power-of-two slopes), then odd-numbered ones."""
+    n = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 2.0 ** (-torch.arange(1, n + 1, dtype=torch.float64) * max_bias / n)  # (n,)
+    if n != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[0::2]])[:n_heads]
+    return slopes.float()
 
 
-def _slopes_from_bias(n_heads):  # read back off the course's bias: entry (h, 1, 0) is minus slope h
+def _slopes_from_bias(n_heads, max_bias=8.0):  # read back off the course's bias: entry (h, 1, 0) is minus slope h
     return -alibi_bias(n_heads, 2)[:, 1, 0]
+
+
+def _slopes_by_library_rescaled(n_heads, max_bias=8.0):  # the course's slopes raised to max_bias / 8: the right
+    return alibi_slopes(n_heads) ** (max_bias / 8.0)       # numbers, reached through the library
 
 
 @exercise("06-find-the-bug-1", "alibi_slopes_fixed", points=2, category="bug", aliases=("06-slopes-bug",),
           forbid=("attncourse.positions.alibi_slopes",), allow=(), ops=(),
-          shortcuts=(_slopes_by_library, _slopes_from_bias),
+          shortcuts=(_slopes_by_library_rescaled, _slopes_from_bias),
           prop_doc="output equality is the property: the slopes are a list of numbers, and every course function "
                    "that holds them (the slopes, the bias, the grouped bias) is refused",
-          bug_words=("too few", "no slope", "missing slope", "without a slope", "fewer slopes", "the last line",
-                     "only returns", "returns only", "drops the", "missing heads"),
-          hint="compare what it returns with what a model of that many heads needs, for several head counts; Press "
-               "et al.'s get_slopes (ofirpress/attention_with_linear_biases) is the reference")
+          bug_words=("duplicate", "twice", "same slope as", "share a slope", "consecutive power",
+                     "consecutive exponent", "odd power", "odd exponent", "even power", "even exponent",
+                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)"),
+          hint="print the slopes for 12 heads next to the lesson's rule for 12 heads: which heads should get which "
+               "slopes, and how does max_bias enter each of them? Press et al.'s get_slopes "
+               "(ofirpress/attention_with_linear_biases) and MPT's gen_slopes are the references")
 def _slopes():
-    """Fix the notes' ALiBi slope function so that it works for every head count."""
-    return [Case(f"{h} heads", (h,), expected=alibi_slopes(h), rtol=1e-6, atol=1e-8)
-            for h in (1, 4, 6, 8, 12, 20, 33)]
+    """Fix an engine's ALiBi slope function so that it works for every head count and max_bias."""
+    return [Case(f"{h} heads, max_bias {b:g}", (h, b), expected=_slopes_reference(h, b), rtol=1e-6, atol=1e-8)
+            for h, b in ((1, 8.0), (6, 8.0), (12, 8.0), (8, 4.0), (12, 4.0), (20, 16.0), (24, 6.0), (33, 8.0))]
 
 
 def _shortcut_decode_bias(n_heads, q_len, k_len):
