@@ -11,7 +11,9 @@ The decoder follows Luong et al. (attention after the GRU step with the new stat
 query, no context fed back into the GRU), so that teacher-forced training runs all output steps at
 once; Bahdanau et al. query with the previous state :math:`s_{t-1}` and feed the context into the
 GRU, which forces a Python loop over steps. The attention scores, the subject of the chapters, are
-the same either way.
+the same either way. :class:`BahdanauSeq2Seq` (``build_model("bahdanau")``) is Bahdanau et al.'s own decoder,
+loop and all, for comparison; ``build_model("local-p")`` puts Luong et al.'s local attention with a predicted
+position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder.
 
 Training batches hold sequences of one length each (drawn uniformly per batch, ``bucket=True``): no
 padding, so the encoder needs no packing and the GRUs run only as many steps as the batch needs.
@@ -35,10 +37,13 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import _validate
-from .rnn_attention import AdditiveAttention, LuongAttention
+from .rnn_attention import AdditiveAttention, LocalPAttention, LuongAttention
 
 PAD, SOS = 0, 1  # token ids; digit d is token d + 2
-ATTENTIONS = ("none", "additive", "dot", "general", "concat")
+ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
+# local-p: Luong's local attention with a predicted position on that decoder (weights sum to at most 1);
+# bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
+MORE_KINDS = ("local-p", "bahdanau")
 
 
 class Batch(NamedTuple):
@@ -64,6 +69,8 @@ class Seq2SeqConfig:
     encoder_size: int = 32  # per direction: annotations are 2 * encoder_size wide
     decoder_size: int = 64  # = 2 * encoder_size, so Luong's "dot" score applies
     attention_size: int = 32  # hidden size of the additive / concat score
+    local_window: int = 2  # local-p's half-width D (Luong et al. use 10 on sentences; inputs here are 4-16 digits)
+    maxout_size: int = 32  # bahdanau's deep output: 2 * maxout_size units, max over pairs (their l)
     batch_size: int = 64
     steps: int = 200  # optimiser steps, a fresh random batch each: enough for attention, not for the baseline
     lr: float = 5e-3  # Adam
@@ -116,7 +123,12 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
         return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
     if kind in ("dot", "general", "concat"):
         return LuongAttention(config.decoder_size, config.key_size, kind, hidden_size=config.attention_size)
-    raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
+    if kind == "local-p":
+        return LocalPAttention(config.decoder_size, config.key_size, config.local_window,
+                               hidden_size=config.attention_size)
+    if kind == "bahdanau":
+        return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
+    raise ValueError(f"attention must be one of {ATTENTIONS + MORE_KINDS}, got {kind!r}")
 
 
 class Seq2Seq(nn.Module):
@@ -191,10 +203,80 @@ class Seq2Seq(nn.Module):
         return torch.cat(logits, dim=1), stacked  # (B, T, V)
 
 
+class BahdanauSeq2Seq(Seq2Seq):
+    r"""Bahdanau et al.'s decoder (their section 3.1 and appendix A.2.2), at the course's sizes.
+
+    The encoder is :class:`Seq2Seq`'s. The first state is :math:`s_0 = \tanh(W_s \overleftarrow{h}_1)` (the
+    backward encoder's first state, A.2.2). At output step :math:`i`, in this order:
+
+    * the **previous** state asks: :math:`e_{ij} = v_a^\top \tanh(W_a s_{i-1} + U_a h_j)`,
+      :math:`c_i = \sum_j \alpha_{ij} h_j` (additive attention);
+    * the context goes **into the GRU** with the previous token: :math:`s_i = \mathrm{GRU}([E y_{i-1}; c_i], s_{i-1})`;
+    * a deep output with one maxout layer reads :math:`s_{i-1}`, :math:`y_{i-1}` and :math:`c_i`:
+      :math:`\tilde t_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i`, :math:`t_i` the max of each pair of
+      :math:`\tilde t_i`'s entries, logits :math:`W_o t_i`.
+
+    Step :math:`i` needs :math:`s_{i-1}`, so even with teacher forcing the steps run one at a time (a Python loop
+    over the target): that is what the course's own decoder (Luong's arrangement) avoids. Same signature and
+    outputs as :class:`Seq2Seq`: ``forward(src (B, S), lengths (B,), tgt=None, steps=None)`` returns
+    ``(logits (B, T, V), weights (B, T, S))``.
+    """
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config, make_attention("bahdanau", config))
+        c = config
+        self.bridge = nn.Linear(c.encoder_size, c.decoder_size)  # W_s (and a bias), on the backward first state
+        self.decoder = nn.GRUCell(c.embed_size + c.key_size, c.decoder_size)  # input [E y_{i-1}; c_i]
+        self.out_state = nn.Linear(c.decoder_size, 2 * c.maxout_size)  # U_o (with the layer's bias)
+        self.out_token = nn.Linear(c.embed_size, 2 * c.maxout_size, bias=False)  # V_o
+        self.out_context = nn.Linear(c.key_size, 2 * c.maxout_size, bias=False)  # C_o
+        self.out = nn.Linear(c.maxout_size, c.vocab_size)  # W_o
+
+    def encode(self, src: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Annotations (B, S, 2E) and s_0 = tanh(W_s <-h_1 + b) (B, Dd)."""
+        embedded = self.embed(src)  # (B, S, Emb)
+        if bool((lengths == src.shape[1]).all()):
+            annotations, h_n = self.encoder(embedded)
+        else:
+            packed = pack_padded_sequence(embedded, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            out, h_n = self.encoder(packed)
+            annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+        return annotations, torch.tanh(self.bridge(h_n[1]))  # h_n[1]: the backward GRU's state at position 1
+
+    def step(self, token: torch.Tensor, state: torch.Tensor, annotations: torch.Tensor, mask: torch.Tensor,
+             projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One output step from the previous token (B,) and state s_{i-1} (B, Dd): (logits (B, V), weights (B, S),
+        s_i (B, Dd))."""
+        y = self.embed(token)  # (B, Emb): E y_{i-1}
+        context, weights = self.attention(state, annotations, mask=mask, projected_keys=projected)  # s_{i-1} asks
+        t = self.out_state(state) + self.out_token(y) + self.out_context(context)  # (B, 2l)
+        t = t.unflatten(-1, (-1, 2)).amax(-1)  # maxout over pairs: (B, l)
+        new_state = self.decoder(torch.cat([y, context], dim=-1), state)  # the context goes into the GRU
+        return self.out(t), weights, new_state
+
+    def forward(self, src: torch.Tensor, lengths: torch.Tensor, tgt: torch.Tensor | None = None,
+                steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        annotations, state = self.encode(src, lengths)  # (B, S, 2E), (B, Dd)
+        mask = src != PAD  # (B, S)
+        projected = self.attention.project_keys(annotations)  # U_a h_j, once for all steps
+        token = torch.full_like(src[:, 0], SOS)  # (B,)
+        n = tgt.shape[1] if tgt is not None else (steps or src.shape[1])
+        logits, weights = [], []
+        for i in range(n):
+            step_logits, step_weights, state = self.step(token, state, annotations, mask, projected)
+            logits.append(step_logits)
+            weights.append(step_weights)
+            token = tgt[:, i] if tgt is not None else step_logits.argmax(-1)  # teacher forcing, or greedy
+        return torch.stack(logits, dim=1), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
+
+
 def build_model(attention: str, config: Seq2SeqConfig | None = None) -> Seq2Seq:
-    """A freshly initialised model (seeded with ``config.seed``) using the attention named `attention`."""
+    """A freshly initialised model (seeded with ``config.seed``) using the attention named `attention` (one of
+    ATTENTIONS or MORE_KINDS; "bahdanau" builds a :class:`BahdanauSeq2Seq`)."""
     config = config or Seq2SeqConfig()
     torch.manual_seed(config.seed)
+    if attention == "bahdanau":
+        return BahdanauSeq2Seq(config)
     return Seq2Seq(config, make_attention(attention, config))
 
 
