@@ -308,7 +308,7 @@ def test_local_p_with_an_endless_window_is_general_attention():
 
 
 def test_bahdanau_decoder_queries_with_the_previous_state():
-    from attncourse.seq2seq import BahdanauSeq2Seq
+    from attncourse.bahdanau import BahdanauSeq2Seq
 
     model = build_model("bahdanau", Seq2SeqConfig(**SMALL)).double()
     assert isinstance(model, BahdanauSeq2Seq)

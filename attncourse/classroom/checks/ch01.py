@@ -237,8 +237,8 @@ SHAPE_PARTS = ("annotations", "weights", "context", "output layer input")
 
 
 @exercise("01-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict", parts=SHAPE_PARTS,
-          hint="work from the lesson's model description, one tensor at a time, and write each shape as (batch, "
-               "steps, width): what does the encoder hand over for each source position, and how wide is it? How "
+          hint="work from the lesson's model description, one tensor at a time, and say what each axis of "
+               "a shape counts: what does the encoder hand over for each source position, and how wide is it? How "
                "many queries does one teacher-forced call ask, and what does each get back? What does the output "
                "layer read? Settle each size from the configuration before you run anything")
 def _predict_shapes():
