@@ -223,3 +223,67 @@ def score_parameter_count(score: str, query_size: int, key_size: int, hidden_siz
             hidden_size = key_size
         return _validate.positive_int("hidden_size", hidden_size) * (query_size + key_size + 1)
     raise ValueError(f"score must be 'additive', 'dot', 'general' or 'concat', got {score!r}")
+
+
+class LocalPAttention(nn.Module):
+    r"""Luong et al.'s local attention with a predicted position (local-p, their eqs. 9-10) on the general score.
+
+    For each query (decoder state) :math:`s_t` it predicts an aligned source position
+    :math:`p_t = S \cdot \sigma(v_p^\top \tanh(W_p s_t))` (eq. 9; :math:`S` is the row's source length, so
+    :math:`0 \le p_t \le S`), takes the general score's softmax over the window :math:`|j - p_t| \le D` only, and
+    multiplies it by a Gaussian centred on :math:`p_t` with :math:`\sigma = D / 2` (eq. 10):
+
+    .. math:: a_t(j) = \mathrm{align}(s_t, h_j)\, \exp\!\big(-(j - p_t)^2 / 2\sigma^2\big)
+
+    As in the paper the weights are not renormalised (they sum to at most 1); positions outside the window, and
+    padding, get exactly 0; a window with no valid position gives zero weights and a zero context. The Gaussian
+    passes a gradient to :math:`p_t`, which is how :math:`W_p` and :math:`v_p` learn.
+
+    Args:
+        query_size: :math:`D_q`, the decoder state's size.
+        key_size: :math:`D_k`, the size of one encoder annotation.
+        window: :math:`D`, the half-width of the window (Luong et al. use 10 on sentences; a positive int).
+        hidden_size: the size of :math:`W_p` (default: `query_size`).
+
+    Parameters: :math:`D_q D_k` (general) plus :math:`H (D_q + 1)` (the position predictor).
+    ``forward(query (B, Dq) or (B, Tq, Dq), keys (B, T, Dk), values=None, mask=None)`` returns
+    ``(context, weights)`` as the other modules here; :attr:`last_positions` holds the :math:`p_t` of the last call.
+    """
+
+    def __init__(self, query_size: int, key_size: int, window: int, hidden_size: int | None = None) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.window = _validate.positive_int("window", window)
+        hidden = query_size if hidden_size is None else _validate.positive_int("hidden_size", hidden_size)
+        self.W = nn.Linear(key_size, query_size, bias=False)  # general: s^T (W h)
+        self.W_p = nn.Linear(query_size, hidden, bias=False)  # eq. 9
+        self.v_p = nn.Linear(hidden, 1, bias=False)
+        self.last_positions: torch.Tensor | None = None
+
+    def positions(self, query: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """p_t (B, Tq) for queries (B, Tq, Dq) and source lengths (B,) (eq. 9)."""
+        return lengths.to(query.dtype)[:, None] * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query)))).squeeze(-1)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        q = _rows(query)  # (B, Tq, Dq)
+        b, t = keys.shape[:2]
+        valid = torch.ones(b, t, dtype=torch.bool, device=keys.device) if mask is None else mask  # (B, T)
+        p = self.positions(q, valid.sum(-1))  # (B, Tq)
+        j = torch.arange(t, device=keys.device, dtype=p.dtype)  # (T,)
+        offset = j - p.unsqueeze(-1)  # (B, Tq, T)
+        inside = (offset.abs() <= self.window) & valid.unsqueeze(1)  # (B, Tq, T)
+        work = compute_dtype(q.dtype)
+        scores = (q @ self.W(keys).transpose(1, 2)).to(work)  # (B, Tq, Dq) @ (B, Dq, T) -> (B, Tq, T)
+        align = safe_softmax(scores.masked_fill(~inside, float("-inf")), dim=-1)  # softmax over the window
+        sigma = self.window / 2
+        weights = align * torch.exp(-offset.to(work) ** 2 / (2 * sigma**2))  # eq. 10, (B, Tq, T)
+        context = (weights @ values.to(work)).to(values.dtype)  # (B, Tq, Dv)
+        self.last_positions = _unrows(p.detach(), query)
+        weights = weights.to(q.dtype)
+        return _unrows(context, query), _unrows(weights, query)
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}, window={self.window}"

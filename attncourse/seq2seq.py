@@ -11,7 +11,9 @@ The decoder follows Luong et al. (attention after the GRU step with the new stat
 query, no context fed back into the GRU), so that teacher-forced training runs all output steps at
 once; Bahdanau et al. query with the previous state :math:`s_{t-1}` and feed the context into the
 GRU, which forces a Python loop over steps. The attention scores, the subject of the chapters, are
-the same either way.
+the same either way. :class:`~attncourse.bahdanau.BahdanauSeq2Seq` (``build_model("bahdanau")``) is Bahdanau et al.'s own decoder,
+loop and all, for comparison; ``build_model("local-p")`` puts Luong et al.'s local attention with a predicted
+position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder.
 
 Training batches hold sequences of one length each (drawn uniformly per batch, ``bucket=True``): no
 padding, so the encoder needs no packing and the GRUs run only as many steps as the batch needs.
@@ -35,10 +37,13 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import _validate
-from .rnn_attention import AdditiveAttention, LuongAttention
+from .rnn_attention import AdditiveAttention, LocalPAttention, LuongAttention
 
 PAD, SOS = 0, 1  # token ids; digit d is token d + 2
-ATTENTIONS = ("none", "additive", "dot", "general", "concat")
+ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
+# local-p: Luong's local attention with a predicted position on that decoder (weights sum to at most 1);
+# bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
+MORE_KINDS = ("local-p", "bahdanau")
 
 
 class Batch(NamedTuple):
@@ -64,6 +69,8 @@ class Seq2SeqConfig:
     encoder_size: int = 32  # per direction: annotations are 2 * encoder_size wide
     decoder_size: int = 64  # = 2 * encoder_size, so Luong's "dot" score applies
     attention_size: int = 32  # hidden size of the additive / concat score
+    local_window: int = 2  # local-p's half-width D (Luong et al. use 10 on sentences; inputs here are 4-16 digits)
+    maxout_size: int = 32  # bahdanau's deep output: 2 * maxout_size units, max over pairs (their l)
     batch_size: int = 64
     steps: int = 200  # optimiser steps, a fresh random batch each: enough for attention, not for the baseline
     lr: float = 5e-3  # Adam
@@ -116,7 +123,12 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
         return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
     if kind in ("dot", "general", "concat"):
         return LuongAttention(config.decoder_size, config.key_size, kind, hidden_size=config.attention_size)
-    raise ValueError(f"attention must be one of {ATTENTIONS}, got {kind!r}")
+    if kind == "local-p":
+        return LocalPAttention(config.decoder_size, config.key_size, config.local_window,
+                               hidden_size=config.attention_size)
+    if kind == "bahdanau":
+        return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
+    raise ValueError(f"attention must be one of {ATTENTIONS + MORE_KINDS}, got {kind!r}")
 
 
 class Seq2Seq(nn.Module):
@@ -192,9 +204,14 @@ class Seq2Seq(nn.Module):
 
 
 def build_model(attention: str, config: Seq2SeqConfig | None = None) -> Seq2Seq:
-    """A freshly initialised model (seeded with ``config.seed``) using the attention named `attention`."""
+    """A freshly initialised model (seeded with ``config.seed``) using the attention named `attention` (one of
+    ATTENTIONS or MORE_KINDS; "bahdanau" builds a :class:`~attncourse.bahdanau.BahdanauSeq2Seq`)."""
     config = config or Seq2SeqConfig()
     torch.manual_seed(config.seed)
+    if attention == "bahdanau":
+        from .bahdanau import BahdanauSeq2Seq  # it builds on Seq2Seq
+
+        return BahdanauSeq2Seq(config)
     return Seq2Seq(config, make_attention(attention, config))
 
 

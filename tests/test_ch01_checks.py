@@ -6,7 +6,15 @@ import torch
 from attncourse.classroom import checks
 
 
-def _buggy(query, keys, W_q, W_k, v):  # the exercise's code: the softmax runs over a trailing axis of size 1
+def _buggy(query, keys, W_q, W_k, v):  # the exercise's code: each score is squashed after its read-out by v
+    q = (query @ W_q.T).unsqueeze(1)
+    k = keys @ W_k.T
+    scores = torch.tanh((q + k) @ v)  # (B, T): every score in (-1, 1)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights.unsqueeze(-1) * keys).sum(dim=1), weights
+
+
+def _old_note_bug(query, keys, W_q, W_k, v):  # the earlier version's bug (a softmax over a trailing axis of size 1)
     q = (query @ W_q.T).unsqueeze(1)
     k = keys @ W_k.T
     scores = torch.tanh(q + k) @ v.unsqueeze(-1)  # (B, T, 1)
@@ -23,6 +31,8 @@ def _fixed(query, keys, W_q, W_k, v):
 def test_the_bug_fails_and_the_fix_passes(capsys):
     with pytest.raises(checks.CheckFailed, match="01-find-the-bug"):
         checks.check("01-find-the-bug", _buggy)
+    with pytest.raises(checks.CheckFailed, match="01-find-the-bug"):
+        checks.check("01-find-the-bug", _old_note_bug)
     checks.check("01-find-the-bug", _fixed)
     assert "✓ 01-find-the-bug" in capsys.readouterr().out
 
@@ -129,6 +139,13 @@ def test_find_the_bug_routes(tmp_path, monkeypatch):
     refused("01-find-the-bug", module_with_weights, tmp_path, monkeypatch)
     refused("01-find-the-bug", aten_kernel, tmp_path, monkeypatch)
     refused("01-find-the-bug", _buggy, tmp_path, monkeypatch, why="differ")
+
+    def capped_then_scaled(query, keys, W_q, W_k, v):  # a guess: keep the bug, make the capped scores larger
+        q = (query @ W_q.T).unsqueeze(1)
+        weights = torch.softmax(10 * torch.tanh((q + keys @ W_k.T) @ v), dim=-1)
+        return (weights.unsqueeze(-1) * keys).sum(dim=1), weights
+
+    refused("01-find-the-bug", capped_then_scaled, tmp_path, monkeypatch, why="differ")
     accepted("01-find-the-bug", _fixed, tmp_path, monkeypatch)
 
 
@@ -169,3 +186,75 @@ def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
         return variant_influence_reference(*args)
 
     refused("01-query-influence", reference, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- a prediction is judged whole
+
+
+def _one_part_wrong(expected, i):
+    """`expected` with only part `i` changed (a shape gets one more row, a count one more, None becomes 0)."""
+    if isinstance(expected, dict):
+        key = list(expected)[i]
+        v = expected[key]
+        return {**expected, key: 0 if v is None else v + 1}
+    parts = list(expected)
+    parts[i] = (parts[i][0] + 1, *parts[i][1:])
+    return tuple(parts)
+
+
+def _whole_prediction_messages(exercise_id, tmp_path, monkeypatch):
+    """What the check cell and the grader say to each answer with one part wrong, and to one with every part wrong:
+    the same words every time (nothing tells which part differs), none of them a part's name."""
+    ex = checks.get(exercise_id)
+    (case,) = ex.make_cases()
+    expected = case.expected
+    answers = [_one_part_wrong(expected, i) for i in range(len(expected))]
+    every = expected
+    for i in range(len(expected)):
+        every = _one_part_wrong(every, i)
+    answers.append(every)
+    said = set()
+    for answer in answers:
+        try:
+            checks.check(exercise_id, answer)
+            raise AssertionError(f"{exercise_id} accepted the wrong prediction {answer!r}")
+        except checks.CheckFailed as err:
+            cell = str(err)
+        reply = {"status": "ok", "results": [("ok", checks.to_portable(answer))]}
+        status, graded = judge(ex, [case], reply)
+        assert status == "failed", (status, graded)
+        said.add(cell.split("\n", 1)[1])  # past the first line (the exercise and the case)
+        for name in (ex.parts or [str(k) for k in expected]):
+            assert f"wrong: {name}" not in cell and f"wrong: {name}" not in graded, cell
+        assert "other parts are right" not in cell + graded
+    assert len(said) == 1, said  # one message for every wrong answer: guessing part by part learns nothing
+    return said.pop()
+
+
+def test_predict_shapes_is_judged_whole(tmp_path, monkeypatch):
+    said = _whole_prediction_messages("01-predict-shapes", tmp_path, monkeypatch)
+    assert "not right" in said and "hint:" in said
+    with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
+        checks.check("01-predict-shapes", ((8, 13, 64), (8, 13, 13)))
+
+
+def test_padding_mask_fills(tmp_path, monkeypatch):
+    """A fill that is only "very negative" next to scores near 0 is refused (one case has every real score near
+    -5000); a fill far below every score followed by zeroing the empty rows decides the empty row and passes;
+    a far fill that leaves an empty row uniform is refused."""
+    def real(scores, lengths):
+        return torch.arange(scores.shape[1]) < lengths[:, None]
+
+    def fill(value, zero_empty_rows):
+        def masked_softmax(scores, lengths):
+            keep = real(scores, lengths)
+            w = torch.softmax(scores.masked_fill(~keep, value), dim=-1)
+            return w * keep if zero_empty_rows else w
+        return masked_softmax
+
+    for small in (-30.0, -1000.0):
+        msg, _ = _verdicts("01-padding-mask", fill(small, True), tmp_path, monkeypatch)
+        assert msg is not None and "near -5000" in msg and "times the right one" not in msg, msg
+    msg, _ = _verdicts("01-padding-mask", fill(-1e30, False), tmp_path, monkeypatch)
+    assert msg is not None and "length 0" in msg, msg  # uniform weights on the empty row
+    accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)

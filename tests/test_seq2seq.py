@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attncourse import AdditiveAttention
@@ -242,3 +243,94 @@ def test_seed_spread_and_the_encoder_decoder_diagram_draw_labelled_figures():
     fig = plot.encoder_decoder_diagram(weights=(0.2, 0.8), step=1)
     assert len(fig.axes) == 2 and all(a.get_title() for a in fig.axes)
     plt.close("all")
+
+
+# ----------------------------------------------------------------------------- local-p and Bahdanau's own decoder
+
+
+def _local_p_reference(query, keys, values, mask, module):
+    """Luong et al.'s eqs. 9-10 written out one (sequence, query) at a time, in float64."""
+    W, W_p, v_p, D = module.W.weight, module.W_p.weight, module.v_p.weight[0], module.window
+    b, tq, _ = query.shape
+    weights = torch.zeros(b, tq, keys.shape[1], dtype=torch.float64)
+    for i in range(b):
+        n = int(mask[i].sum())
+        h = keys[i, :n]  # the real positions (padding is at the end)
+        for t in range(tq):
+            s = query[i, t]
+            p = n * torch.sigmoid(v_p @ torch.tanh(W_p @ s))  # eq. 9
+            j = torch.arange(n, dtype=torch.float64)
+            inside = (j - p).abs() <= D
+            if not inside.any():
+                continue
+            align = torch.softmax((h[inside] @ W.T) @ s, dim=0)  # general score s^T W h_j, softmax over the window
+            weights[i, t, :n][inside] = align * torch.exp(-((j[inside] - p) ** 2) / (2 * (D / 2) ** 2))  # eq. 10
+    return weights @ values, weights
+
+
+def test_local_p_follows_luong_eqs_9_and_10():
+    from attncourse.rnn_attention import LocalPAttention
+
+    gen = torch.Generator().manual_seed(5)
+    module = LocalPAttention(6, 4, window=2, hidden_size=5).double()
+    query = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64) * 2
+    keys = torch.randn(3, 9, 4, generator=gen, dtype=torch.float64)
+    values = torch.randn(3, 9, 3, generator=gen, dtype=torch.float64)
+    mask = torch.arange(9) < torch.tensor([9, 5, 2])[:, None]
+    with torch.no_grad():
+        context, weights = module(query, keys, values, mask)
+        ref_context, ref_weights = _local_p_reference(query, keys, values, mask, module)
+    torch.testing.assert_close(weights, ref_weights)
+    torch.testing.assert_close(context, ref_context)
+    assert (weights.masked_select(~mask[:, None, :]) == 0).all() and (weights.sum(-1) <= 1 + 1e-12).all()
+    assert ((weights > 0).sum(-1) <= 2 * 2 + 1).all()  # nothing outside the window [p - D, p + D]
+    one, _ = module(query[:, 0], keys, values, mask)  # a (B, Dq) query is one row of the (B, Tq, Dq) call
+    torch.testing.assert_close(one, context[:, 0])
+    with pytest.raises(ValueError, match="window"):
+        LocalPAttention(6, 4, window=0)
+
+
+def test_local_p_with_an_endless_window_is_general_attention():
+    """With D huge the window holds every position and the Gaussian is 1: global general attention, checked
+    against PyTorch's kernel (scale 1, the score s^T W h as q . (W h))."""
+    from attncourse.rnn_attention import LocalPAttention
+
+    gen = torch.Generator().manual_seed(6)
+    module = LocalPAttention(6, 4, window=10**6).double()
+    query = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
+    keys = torch.randn(2, 7, 4, generator=gen, dtype=torch.float64)
+    values = torch.randn(2, 7, 5, generator=gen, dtype=torch.float64)
+    mask = torch.arange(7) < torch.tensor([7, 4])[:, None]
+    with torch.no_grad():
+        context, _ = module(query, keys, values, mask)
+        ref = F.scaled_dot_product_attention(query, module.W(keys), values, attn_mask=mask[:, None, :], scale=1.0)
+    torch.testing.assert_close(context, ref)
+
+
+def test_bahdanau_decoder_queries_with_the_previous_state():
+    from attncourse.bahdanau import BahdanauSeq2Seq
+
+    model = build_model("bahdanau", Seq2SeqConfig(**SMALL)).double()
+    assert isinstance(model, BahdanauSeq2Seq)
+    batch = reverse_batch(4, 3, 7, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, weights = model(batch.src, batch.lengths, batch.tgt)
+        annotations, s0 = model.encode(batch.src, batch.lengths)
+        # s_0 = tanh(W_s <-h_1 + b): the backward GRU's state after reading the sequence back to its first token
+        packed = torch.nn.utils.rnn.pack_padded_sequence(model.embed(batch.src), batch.lengths, batch_first=True,
+                                                         enforce_sorted=False)
+        torch.testing.assert_close(s0, torch.tanh(model.bridge(model.encoder(packed)[1][1])))
+        # step 1 asks with s_0; step 2 with s_1 = GRU([E y_0; c_1], s_0)
+        c1, w1 = model.attention(s0, annotations, mask=batch.mask)
+        torch.testing.assert_close(weights[:, 0], w1)
+        y0 = model.embed(torch.full((4,), SOS))
+        s1 = model.decoder(torch.cat([y0, c1], dim=-1), s0)
+        torch.testing.assert_close(weights[:, 1], model.attention(s1, annotations, mask=batch.mask)[1])
+        t = (model.out_state(s0) + model.out_token(y0) + model.out_context(c1)).view(4, -1, 2).amax(-1)
+        torch.testing.assert_close(logits[:, 0], model.out(t))  # the deep output reads s_0, y_0 and c_1
+        greedy, greedy_w = model(batch.src, batch.lengths, steps=5)
+        forced, forced_w = model(batch.src, batch.lengths, greedy.argmax(-1))
+    torch.testing.assert_close(forced, greedy)
+    torch.testing.assert_close(forced_w, greedy_w)
+    assert torch.all(weights.masked_select(~batch.mask[:, None, :]) == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2], dtype=torch.float64))

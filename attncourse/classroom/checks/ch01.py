@@ -11,6 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
 from attncourse.sdpa import safe_softmax
 from . import Case, exercise, forbidden
+from .predictions import whole
 
 
 def _additive(gen: torch.Generator, b: int, t: int, dq: int, dk: int, a: int):
@@ -115,7 +116,7 @@ def _additive_score():
     return cases
 
 
-# ----------------------------------------------------------------------------- 2. bug: the note's module
+# ----------------------------------------------------------------------------- 2. bug: a module that never focuses
 
 
 def _shortcut_bug_module(query, keys, W_q, W_k, v):
@@ -125,16 +126,18 @@ def _shortcut_bug_module(query, keys, W_q, W_k, v):
 
 
 @exercise("01-find-the-bug", "additive_attention_fixed", points=2, category="bug",
-          bug_words=("size-1", "size 1", "size one", "axis of size", "axis of length", "length-1", "length 1 axis",
-                     "singleton", "wrong axis", "wrong dim", "keepdim", "trailing axis", "trailing dim",
-                     "last axis of size", "softmax over the last", "drop the size"),
+          bug_words=("tanh after", "tanh outside", "outside the tanh", "after the read-out", "after the readout",
+                     "before the tanh", "read out first", "read-out first", "bounded", "between -1 and 1",
+                     "squashes the score", "squash the score", "squashed score", "e^2", "e²", "7.4", "wrong order",
+                     "order of the", "inside the tanh", "cannot exceed", "range of the scores"),
           allow=(), ops=("attention",), shortcuts=(_shortcut_bug_module,),
-          prop_doc="output equality is the property: the weights of every sequence form one distribution over its "
-                   "source positions and the context is their mix, whatever the sizes",
-          hint="print the weights of one sequence and their sum: they should form one distribution over the source "
-               "positions. Over which axis does each weight compete with the others in the note's code?")
+          prop_doc="output equality is the property: the weights of every sequence are the softmax of the additive "
+                   "scores as the formula defines them, and the context is their mix, whatever the sizes",
+          hint="multiply v by 10, then by 100, and watch the largest weight of one sequence of 16 positions: with "
+               "the lesson's score larger scores make sharper weights. Do they here? Find what caps the scores "
+               "by following one score through the code, operation by operation, next to the formula")
 def _find_the_bug():
-    """Fix an attention module from one of the source notes: it runs, its shapes are right, it does not attend."""
+    """Fix an attention module: it runs, its weights sum to one, and it never puts much weight on any position."""
     gen = torch.Generator().manual_seed(12)
     cases = []
     for name, size in SIZES.items():
@@ -199,20 +202,28 @@ def _shortcut_fused(scores, lengths):
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
                      _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
-                   "over the real positions; a plain softmax is allowed, the masking is the skill",
+                   "over the real positions, wherever the real scores lie (one case puts them near -5000, so a fill "
+                   "that is only large next to scores near 0 fails); a plain softmax is allowed, the masking and the "
+                   "empty row are the skill. A finite fill far below every score (-1e30) followed by zeroing the "
+                   "empty rows is a right answer in float64: it decides the empty row, which is the point",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
-               "others a score no exponential can lift above zero. Then ask what a softmax does to a row in which "
+               "others a score no exponential can lift above zero, wherever the real scores of the row lie. Then ask "
+               "what a softmax does to a row in which "
                "every score is like that, and decide that row's weights yourself")
 def _masked_softmax():
     """Softmax over the first `lengths[b]` positions of each row; zeros elsewhere, zeros for length 0."""
     gen = torch.Generator().manual_seed(13)
     cases = []
-    for name, (b, t, lengths) in {
-        "lengths [5, 2, 3]": (3, 5, [5, 2, 3]),
-        "length 1 keeps a single weight of 1": (2, 4, [1, 4]),
-        "length 0 gives a row of zeros, not NaN": (3, 6, [6, 0, 2]),
+    for name, (b, t, lengths, shift) in {
+        "lengths [5, 2, 3]": (3, 5, [5, 2, 3], 0.0),
+        "length 1 keeps a single weight of 1": (2, 4, [1, 4], 0.0),
+        "length 0 gives a row of zeros, not NaN": (3, 6, [6, 0, 2], 0.0),
+        # a softmax ignores a constant added to a row, so real scores can sit anywhere: a fill that is only
+        # "very negative" next to scores near 0 (say -30 or -1000) lends the padding weight here
+        "the first row's real scores all near -5000 (its padding must still get exactly 0)": (2, 5, [3, 2],
+                                                                                             [-5000.0, 0.0]),
     }.items():
-        scores = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3
+        scores = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3 + torch.tensor(shift)[..., None]
         lengths_t = torch.tensor(lengths)
         mask = torch.arange(t) < lengths_t[:, None]  # (B, T)
         expected = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
@@ -226,9 +237,10 @@ SHAPE_PARTS = ("annotations", "weights", "context", "output layer input")
 
 
 @exercise("01-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict", parts=SHAPE_PARTS,
-          hint="a bidirectional encoder puts its two directions side by side; with teacher forcing every output step "
-               "asks its question at once, and each question gets one weight per source position; the output layer "
-               "reads the decoder state and the context side by side")
+          hint="work from the lesson's model description, one tensor at a time, and say what each axis of "
+               "a shape counts: what does the encoder hand over for each source position, and how wide is it? How "
+               "many queries does one teacher-forced call ask, and what does each get back? What does the output "
+               "layer read? Settle each size from the configuration before you run anything")
 def _predict_shapes():
     """Shapes in one teacher-forced step of the lesson's additive model, batch 8, 13 digits."""
     from attncourse.seq2seq import Seq2SeqConfig, build_model, reverse_batch
@@ -244,7 +256,7 @@ def _predict_shapes():
         context, _ = model.attention(torch.zeros(8, 13, model.config.decoder_size), annotations)  # (B, T, 2E)
     expected = (tuple(annotations.shape), tuple(weights.shape), tuple(context.shape), seen["out"])
     return [Case("shapes of (annotations, weights, context, output layer input)", expected=expected,
-                 compare="equal")]
+                 compare=whole("a tuple of four shapes (annotations, weights, context, output layer input)"))]
 
 
 # ----------------------------------------------------------------------------- 5. experiment: why the tanh

@@ -11,6 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
+from .predictions import whole
 
 
 def _qk(gen: torch.Generator, b: int, t: int, dq: int, dk: int):
@@ -102,7 +103,9 @@ def _counts():
     }
     assert counted["general"] == score_parameter_count("general", dq, dk) + dq  # W h + b, b of size Dq
     assert counted["additive"] == counted["concat"] + a  # one more bias vector of size A
-    return [Case("parameter counts by score, with biases", expected=counted, compare="equal")]
+    return [Case("parameter counts by score, with biases", expected=counted,
+                 compare=whole("a dict with an int (or None) for each of 'dot', 'general', 'concat', 'additive'",
+                               kind="dict"))]
 
 
 # ----------------------------------------------------------------------------- 3. bug: a padded batch

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
+from .predictions import whole
 
 # Implement-it-yourself exercises may not call an attention that is already written: PyTorch's fused kernel or
 # the course's oracle (under either name).
@@ -142,8 +143,9 @@ def _batched_bug():
 
 @exercise("03-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict",
           parts=("scores", "weights", "output"),
-          hint="leading axes broadcast as in any matrix product; scores pair every query with every key; a mask "
-               "changes values, not shapes; the output has one row per query and the value's width")
+          hint="write each shape axis by axis, and for every axis ask where it comes from: which leading axes do "
+               "q and k share, and what does a matrix product do with leading axes that differ? Which two axes "
+               "does a score pair up? Does the mask add or change any? And what decides the output's last axis?")
 def _predict_shapes():
     """Predict the shapes for q (2, 4, 5, 16), k (2, 1, 7, 16), v (2, 1, 7, 8) and a (2, 1, 1, 7) mask."""
     q, k, v = torch.zeros(2, 4, 5, 16), torch.zeros(2, 1, 7, 16), torch.zeros(2, 1, 7, 8)
@@ -151,7 +153,8 @@ def _predict_shapes():
     out, w = scaled_dot_product_attention(q, k, v, keep, return_weights=True)
     scores = q @ k.transpose(-2, -1)
     return [Case("shapes of (scores, weights, output)",
-                 expected=(tuple(scores.shape), tuple(w.shape), tuple(out.shape)), compare="equal")]
+                 expected=(tuple(scores.shape), tuple(w.shape), tuple(out.shape)),
+                 compare=whole("a tuple of three shapes (scores, weights, output)"))]
 
 
 # ----------------------------------------------------------------------------- 4. masked attention, no NaN
