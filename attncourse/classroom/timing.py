@@ -47,6 +47,6 @@ def time_notebook(path: Path, timeout: int = 600) -> tuple[float, float | None, 
         if out.get("output_type") == "stream":
             try:
                 cpu = float(out["text"].strip().splitlines()[-1])
-            except ValueError:
+            except (ValueError, IndexError):  # an empty or foreign stream: no CPU figure
                 pass
     return wall, cpu, cell_seconds(nb)[:-1]

@@ -21,8 +21,9 @@ The exercise standard (issue 15; ``tests/test_exercise_standard.py`` enforces it
     * ``bug``: ``bug_words=(...)`` are the words that would name the bug; none may appear (at the start of a
       word, any case) in the exercise's title or in the chapter's lesson notebook.
     * ``predict``: ``parts=(...)`` names the parts of the answer (one per item of a tuple; dict keys name
-      themselves). :func:`feedback` tells a wrong guess which parts are wrong and never shows the expected
-      value; the test perturbs the expected value and searches every message for it and its parts.
+      themselves). :func:`feedback` judges a guess whole: it says what is wrong with its form (not a tuple,
+      a missing key), otherwise only that it is not right, never which part or the expected value (see
+      :mod:`.predictions`); the test perturbs the expected value and searches every message for it and its parts.
     * ``experiment``: ``kind="function"``: a seeded function the check calls. Each case's ``expected`` is
       what the reference computes for the case's inputs (seed included), even when ``compare`` is a function
       (which may take ``(got)`` or ``(got, expected)``); the test hands each case's expected value back as a
@@ -58,8 +59,8 @@ __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "
 #               and PyTorch kernels that would do the job, and `shortcuts` holds answers built on them,
 #               each of which the check must refuse;
 #   bug:        fix a given function; neither the title nor the lesson names the bug (`bug_words`);
-#   predict:    commit to a value (shapes, bytes, FLOPs) before computing it; a wrong guess is told which
-#               part is wrong (`parts` names them), never the expected value;
+#   predict:    commit to a value (shapes, bytes, FLOPs) before computing it; a wrong guess is told that it is
+#               wrong (and what is wrong with its form), never which part or the expected value;
 #   experiment: a seeded function whose result the check recomputes (never hand-typed numbers).
 CATEGORIES = ("implement", "bug", "predict", "experiment")
 
