@@ -261,3 +261,32 @@ def test_rescale_cost_reference_and_typed_numbers_refused(tmp_path, monkeypatch)
     expected = checks.get("08-rescale-cost").make_cases()[0].expected
     failure("08-rescale-cost", lambda *a: expected)
     failure("08-rescale-cost", lambda s, n, c, d=0.0: (round(math.log(n / c)), n))  # the expected-value formula
+
+
+# ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
+
+
+def merge_weights_acc_by_its_sum(m_a, l_a, acc_a, m_b, l_b, acc_b):  # the exercise's bug: acc treated as an output
+    m = torch.maximum(m_a, m_b)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    w_a, w_b = l_a * torch.exp(m_a - ref), l_b * torch.exp(m_b - ref)
+    return m, w_a + w_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def merge_unguarded(m_a, l_a, acc_a, m_b, l_b, acc_b):  # right weights, but NaN on a row with no key
+    m = torch.maximum(m_a, m_b)
+    w_a, w_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def merge_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    m = torch.maximum(m_a, m_b)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    w_a, w_b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def test_merge_bug_refused_and_fix_accepted(tmp_path, monkeypatch):
+    accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
+    for route in (merge_weights_acc_by_its_sum, merge_unguarded):
+        refused("08-find-the-bug-1", route, tmp_path, monkeypatch)

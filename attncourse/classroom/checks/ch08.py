@@ -286,18 +286,18 @@ def _one_pass_log():
 @exercise("08-find-the-bug-1", "merge_partial_fixed", points=2, category="bug", aliases=("08-merge-bug",),
           forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
           allow=(), ops=("attention", "softmax", "logsumexp"),
-          prop_doc="a merge is elementwise arithmetic on the given states: equality on rows with no key in one or both "
-                   "halves (the empty state, no NaN) is the property",
-          bug_words=("inf minus inf", "-inf - -inf", "-inf - (-inf)", "-inf-(-inf)", "infinity minus infinity",
-                     "unguarded", "no guard", "missing guard", "guard against", "minus infinity minus",
-                     "nan from -inf", "subtract 0 there", "subtracting -inf", "both maxima are -inf",
-                     "both maxima are minus infinity"),
+          prop_doc="a merge is elementwise arithmetic on the given states: equality of (m, l, acc) on every row (halves "
+                   "of several keys, one half dominant, rows with no key in a half or in both) is the property",
+          bug_words=("normalised output", "normalized output", "times l_a", "multiplied by l", "multiplies acc by l",
+                     "weights acc by l", "extra factor of l", "factor of l", "l counted twice", "counts l twice",
+                     "acc by l_a", "acc_a by l_a", "l_a * acc", "l_a*acc", "w_a * l_a", "weighted by l",
+                     "the sum twice", "sum counted twice", "should not include l", "not include l"),
           title="Fix the merge of two partial attention results",
-          hint="the merge is right wherever a row has seen at least one key. Follow a padding query through it: "
-               "what are both maxima and the merged maximum there, and what does the subtraction inside each "
-               "weight give in floating point? Which reference point would make both weights come out as 0?")
+          hint="write out what acc_a holds in terms of the scores and values of its keys, relative to which maximum, "
+               "then what the merged acc must hold relative to the merged maximum: which factor turns one into the "
+               "other? Try it on two halves of one key each, then of two keys each")
 def _merge_bug():
-    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that gives NaN on a row with no key."""
+    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that is right only when each half's sum is 1."""
     gen = torch.Generator().manual_seed(10)
     cases = []
 
