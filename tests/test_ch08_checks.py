@@ -64,7 +64,23 @@ def test_merge_many(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 2. one-pass log-softmax
 
 
-def log_softmax_one_pass(chunks, chunk_size):
+def log_softmax_one_pass(chunks, chunk_size):  # each chunk written once; the row's shift applied once, at the end
+    written, run_max, run_sum = [], None, None
+    for part in chunks:
+        if run_max is None:
+            run_max = part.new_full(part.shape[:-1], -math.inf)
+            run_sum = part.new_zeros(part.shape[:-1])
+        written.append(part.clone())
+        new_max = torch.maximum(run_max, part.amax(dim=-1))
+        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        run_max = new_max
+    lse = torch.log(run_sum) + run_max.masked_fill(torch.isneginf(run_max), 0.0)
+    out = torch.cat(written, dim=-1)
+    return torch.where(torch.isneginf(lse)[..., None], torch.full_like(out, -math.inf), out - lse[..., None])
+
+
+def rewrite_at_each_chunk(chunks, chunk_size):  # one pass, but all that is written is shifted again at every chunk
     out = run_max = run_sum = None
     for part in chunks:
         if out is None:
@@ -74,11 +90,29 @@ def log_softmax_one_pass(chunks, chunk_size):
         new_max = torch.maximum(run_max, part.amax(dim=-1))
         shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
         old = run_max.masked_fill(torch.isneginf(run_max), 0.0)
-        out = torch.cat([out - (shift - old)[..., None], part - shift[..., None]], dim=-1)
+        out = torch.cat([out - (shift - old)[..., None], part - shift[..., None]], dim=-1)   # about N^2 / C moves
         run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
         run_max = new_max
     log_sum = torch.log(run_sum)
     return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, -math.inf), out - log_sum[..., None])
+
+
+def shift_in_place_when_max_grows(chunks, chunk_size):  # no new tensor, but every kept chunk shifted at each growth
+    written, run_max, run_sum = [], None, None
+    for part in chunks:
+        if run_max is None:
+            run_max = part.new_full(part.shape[:-1], -math.inf)
+            run_sum = part.new_zeros(part.shape[:-1])
+        new_max = torch.maximum(run_max, part.amax(dim=-1))
+        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
+        grow = (shift - run_max.masked_fill(torch.isneginf(run_max), 0.0))[..., None]
+        for w in written:
+            w.sub_(grow)
+        written.append(part - shift[..., None])
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        run_max = new_max
+    out, log_sum = torch.cat(written, -1), torch.log(run_sum)[..., None]
+    return torch.where(torch.isneginf(log_sum), torch.full_like(out, -math.inf), out - log_sum)
 
 
 def three_pass_ignoring_chunks(x, chunk_size):  # the review's route, on the old signature: x is now a stream
@@ -137,7 +171,7 @@ def test_one_pass_log_softmax_right_answer_and_the_stream(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("route", [buffer_then_three_pass, buffer_then_sum_by_matmul, buffer_then_loop,
-                                   online_max_then_buffered_sum])
+                                   online_max_then_buffered_sum, rewrite_at_each_chunk, shift_in_place_when_max_grows])
 def test_one_pass_log_softmax_buffering_refused(route, tmp_path, monkeypatch):
     x = torch.randn(3, 10, dtype=torch.float64)
     torch.testing.assert_close(route(iter([c.clone() for c in x.split(4, -1)]), 4), torch.log_softmax(x, -1))
@@ -227,3 +261,32 @@ def test_rescale_cost_reference_and_typed_numbers_refused(tmp_path, monkeypatch)
     expected = checks.get("08-rescale-cost").make_cases()[0].expected
     failure("08-rescale-cost", lambda *a: expected)
     failure("08-rescale-cost", lambda s, n, c, d=0.0: (round(math.log(n / c)), n))  # the expected-value formula
+
+
+# ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
+
+
+def merge_weights_acc_by_its_sum(m_a, l_a, acc_a, m_b, l_b, acc_b):  # the exercise's bug: acc treated as an output
+    m = torch.maximum(m_a, m_b)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    w_a, w_b = l_a * torch.exp(m_a - ref), l_b * torch.exp(m_b - ref)
+    return m, w_a + w_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def merge_unguarded(m_a, l_a, acc_a, m_b, l_b, acc_b):  # right weights, but NaN on a row with no key
+    m = torch.maximum(m_a, m_b)
+    w_a, w_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def merge_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    m = torch.maximum(m_a, m_b)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    w_a, w_b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+
+
+def test_merge_bug_refused_and_fix_accepted(tmp_path, monkeypatch):
+    accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
+    for route in (merge_weights_acc_by_its_sum, merge_unguarded):
+        refused("08-find-the-bug-1", route, tmp_path, monkeypatch)

@@ -56,6 +56,19 @@ def _work(ops) -> int:
     return sum(not _VIEWS.match(_op(name)) and _op(name) != "fill_" for name, *_ in ops)
 
 
+def _elements(ops) -> int:
+    """The tensor entries the computing operators read (views, allocations and the stream's NaN fill aside)."""
+    total = 0
+    for name, _launch, _helper, tensors in ops:
+        if not _VIEWS.match(_op(name)) and _op(name) != "fill_":
+            for _label, _offset, shape, _stride in tensors:
+                n = 1
+                for d in shape:
+                    n *= d
+                total += n
+    return total
+
+
 def _merge_in_one_step(runs) -> str | None:
     by_k = {}
     for run in runs:
@@ -139,6 +152,9 @@ _REDUCTIONS = re.compile(r"^(sum|nansum|mean|amax|amin|max|min|aminmax|prod|all|
                          r"einsum|tensordot|baddbmm|max_pool\w*|avg_pool\w*)$")
 
 
+_ENTRIES_PER_ELEMENT = 40  # one pass reads about 10-25 entries per entry of x (measured: tests/test_ch08_checks.py)
+
+
 def _reads_once(runs) -> str | None:
     """One pass over a one-shot stream: no reduction over more than a chunk's entries, and, once the stream is
     exhausted, a constant amount of work per row (not a second pass over kept chunks)."""
@@ -165,6 +181,14 @@ def _reads_once(runs) -> str | None:
             end = max((i for i, (_n, _l, _h, tensors) in enumerate(ops) if any(t[0] == final for t in tensors)),
                       default=len(ops) - 1)
         tails[run.case.name] = (expected_chunks, _work(ops[end + 1:]))
+        # what is already written is not rewritten at each growth of the max: on a row whose max grows at every
+        # chunk, rewriting it reads about N^2 / (2C) entries per rewrite, against a few per entry for one pass
+        per_entry = _elements(ops) / max(x.numel(), 1)
+        if per_entry > _ENTRIES_PER_ELEMENT:
+            return (f"case '{run.case.name}': your operators read {per_entry:.0f} tensor entries per entry of x "
+                    f"({x.shape[-1]} entries a row in chunks of {chunk_size}), where one pass reads a few: what you "
+                    "already wrote is rewritten (or copied) again as the stream goes on, about N^2/C entries; "
+                    "write each chunk once and apply the row's correction once, after the stream")
     few = min(tails.values())
     many = max(tails.values())
     if many[1] > few[1] + 4:
@@ -180,6 +204,25 @@ def _breaker_buffer_three_pass(chunks, chunk_size):
     ref = m.masked_fill(torch.isneginf(m), 0.0)
     lse = torch.log(torch.exp(x - ref).sum(dim=-1, keepdim=True)) + ref
     return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+def _breaker_rewrite_at_each_chunk(chunks, chunk_size):
+    """One pass, but everything written so far is shifted again (a new tensor) whenever a chunk arrives: about
+    N^2 / C entries moved, where the correction could wait until the end. Refused by the property."""
+    out = run_max = run_sum = None
+    for part in chunks:
+        if out is None:
+            out = part.new_empty(*part.shape[:-1], 0)
+            run_max = part.new_full(part.shape[:-1], NEG_INF)
+            run_sum = part.new_zeros(part.shape[:-1])
+        new_max = torch.maximum(run_max, part.amax(dim=-1))
+        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
+        old = run_max.masked_fill(torch.isneginf(run_max), 0.0)
+        out = torch.cat([out - (shift - old)[..., None], part - shift[..., None]], dim=-1)
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        run_max = new_max
+    log_sum = torch.log(run_sum)
+    return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, NEG_INF), out - log_sum[..., None])
 
 
 def _breaker_buffer_two_pass(chunks, chunk_size):
@@ -201,9 +244,11 @@ def _breaker_buffer_two_pass(chunks, chunk_size):
                   "attncourse.online_softmax.one_pass_softmax", "attncourse.online_softmax.two_pass_softmax",
                   "attncourse.online_softmax.online_softmax_state"),
           shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp), allow=(), ops=("softmax", "logsumexp"),
-          stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_two_pass),
-          prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, and a constant amount "
-                   "of work per row after the last chunk",
+          stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_two_pass,
+                                                               _breaker_rewrite_at_each_chunk),
+          prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, a constant amount "
+                   "of work per row after the last chunk, and a bounded number of entries read per entry of the input "
+                   "(nothing already written is rewritten as the stream goes on)",
           title="A log-softmax that reads its input once",
           hint="keep the running maximum and sum as in the lesson; in log space the correction for a grown maximum "
                "is not a product but a subtraction, the same for every entry of the row, so corrections add up and "
@@ -229,6 +274,9 @@ def _one_pass_log():
     x[2] = NEG_INF
     add("-inf entries, a first chunk fully masked, and a fully masked row (-inf, not NaN)", x, 2)
     add("one chunk bigger than the row", _randn(gen, 2, 5), 50)
+    rising = torch.linspace(-4.0, 20.0, 800, dtype=torch.float64).repeat(2, 1)
+    rising[1] += _randn(gen, 800, scale=0.01).sort().values  # still increasing: the max grows at every chunk
+    add("rows of 800 whose max grows at every chunk of 4", rising, 4)
     return cases
 
 
@@ -238,18 +286,18 @@ def _one_pass_log():
 @exercise("08-find-the-bug-1", "merge_partial_fixed", points=2, category="bug", aliases=("08-merge-bug",),
           forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
           allow=(), ops=("attention", "softmax", "logsumexp"),
-          prop_doc="a merge is elementwise arithmetic on the given states: equality on rows with no key in one or both "
-                   "halves (the empty state, no NaN) is the property",
-          bug_words=("inf minus inf", "-inf - -inf", "-inf - (-inf)", "-inf-(-inf)", "infinity minus infinity",
-                     "unguarded", "no guard", "missing guard", "guard against", "minus infinity minus",
-                     "nan from -inf", "subtract 0 there", "subtracting -inf", "both maxima are -inf",
-                     "both maxima are minus infinity"),
+          prop_doc="a merge is elementwise arithmetic on the given states: equality of (m, l, acc) on every row (halves "
+                   "of several keys, one half dominant, rows with no key in a half or in both) is the property",
+          bug_words=("normalised output", "normalized output", "times l_a", "multiplied by l", "multiplies acc by l",
+                     "weights acc by l", "extra factor of l", "factor of l", "l counted twice", "counts l twice",
+                     "acc by l_a", "acc_a by l_a", "l_a * acc", "l_a*acc", "w_a * l_a", "weighted by l",
+                     "the sum twice", "sum counted twice", "should not include l", "not include l"),
           title="Fix the merge of two partial attention results",
-          hint="the merge is right wherever a row has seen at least one key. Follow a padding query through it: "
-               "what are both maxima and the merged maximum there, and what does the subtraction inside each "
-               "weight give in floating point? Which reference point would make both weights come out as 0?")
+          hint="write out what acc_a holds in terms of the scores and values of its keys, relative to which maximum, "
+               "then what the merged acc must hold relative to the merged maximum: which factor turns one into the "
+               "other? Try it on two halves of one key each, then of two keys each")
 def _merge_bug():
-    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that gives NaN on a row with no key."""
+    """Fix a merge of two (m, l, acc) attention states (split-KV decoding) that is right only when each half's sum is 1."""
     gen = torch.Generator().manual_seed(10)
     cases = []
 
