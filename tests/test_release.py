@@ -88,6 +88,9 @@ def test_release_has_the_course_and_nothing_else(built):
     assert sorted(p.name for p in (built / "notebooks").glob("*.ipynb")) == \
         sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert (built / "attncourse" / "classroom" / "checks" / "__init__.py").exists()
+    pointing = [p.name for p in (built / "notebooks").glob("*.ipynb")
+                if "solutions/" in "\n".join(c.source for c in nbformat.read(p, as_version=4).cells)]
+    assert not pointing, f"lessons in the release send the learner to a solutions/ folder it lacks: {pointing}"
     assert not list(built.rglob("__pycache__")) and not list(built.rglob("*.pyc"))
     with zipfile.ZipFile(f"{built}.zip") as z:
         zipped = {n for n in z.namelist() if not n.endswith("/")}

@@ -135,13 +135,17 @@ def student_readme(root: Path) -> str:
 
 def _without_solution_links(path: Path) -> None:
     """Links into solutions/ (absent from a release) become words saying so."""
-    from .workspace import rewrite_links
+    from .workspace import NOT_HERE, rewrite_links
 
     nb = nbformat.read(path, as_version=4)
     changed = False
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             new = rewrite_links(cell.source, {"notebooks", "exercises"}, rename=False)
+            new = re.sub(r"Solutions are in\s+`solutions/`\.", "Solutions are not included in this release: your "
+                         "instructor has them.", new)
+            new = re.sub(r"\(`(\.\./)?solutions/[^`]*` " + re.escape(NOT_HERE) + r"\)", NOT_HERE, new)
+            new = re.sub(r"solutions in\s+`solutions/`\s*", "solutions ", new)
             changed |= new != cell.source
             cell.source = new
     if changed:
