@@ -209,19 +209,19 @@ def _breaker_buffer_three_pass(chunks, chunk_size):
 def _breaker_rewrite_at_each_chunk(chunks, chunk_size):
     """One pass, but everything written so far is shifted again (a new tensor) whenever a chunk arrives: about
     N^2 / C entries moved, where the correction could wait until the end. Refused by the property."""
-    out = run_max = run_sum = None
-    for part in chunks:
+    out = top = total = None
+    for piece in chunks:
         if out is None:
-            out = part.new_empty(*part.shape[:-1], 0)
-            run_max = part.new_full(part.shape[:-1], NEG_INF)
-            run_sum = part.new_zeros(part.shape[:-1])
-        new_max = torch.maximum(run_max, part.amax(dim=-1))
-        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
-        old = run_max.masked_fill(torch.isneginf(run_max), 0.0)
-        out = torch.cat([out - (shift - old)[..., None], part - shift[..., None]], dim=-1)
-        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
-        run_max = new_max
-    log_sum = torch.log(run_sum)
+            out = piece.new_empty(*piece.shape[:-1], 0)
+            top = piece.new_full(piece.shape[:-1], NEG_INF)
+            total = piece.new_zeros(piece.shape[:-1])
+        top_now = torch.maximum(top, piece.amax(dim=-1))
+        ref = top_now.masked_fill(torch.isneginf(top_now), 0.0)
+        old = top.masked_fill(torch.isneginf(top), 0.0)
+        out = torch.cat([out - (ref - old)[..., None], piece - ref[..., None]], dim=-1)
+        total = total * torch.exp(top - ref) + torch.exp(piece - ref[..., None]).sum(dim=-1)
+        top = top_now
+    log_sum = torch.log(total)
     return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, NEG_INF), out - log_sum[..., None])
 
 
