@@ -24,6 +24,14 @@ def collect(paths: list[Path]) -> list[tuple[Path, str]]:
     return found
 
 
+def _quiet_asyncio() -> None:
+    """In a spawned worker: nbclient's output pollers abandoned after an interrupted cell end in "Task exception was
+    never retrieved" tracebacks on the console; the grade already says what happened (as main() does in-process)."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
 def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: float = 60, timeout: float = 600,
               solutions: Path | None = SOLUTIONS, chapter: str | None = None, progress: bool = True,
               on_result=None, isolate: bool = True, salt: int | None = None) -> list[NotebookResult]:
@@ -62,7 +70,7 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
         # "spawn": workers must not inherit this process's torch thread pools (fork + OpenMP can hang)
         ctx = multiprocessing.get_context("spawn")
         crashed = []
-        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, initializer=_quiet_asyncio) as pool:
             futures = {pool.submit(grade_safely, path, cell_timeout, timeout, student=student, **kwargs): i
                        for i, (path, student) in enumerate(items)}
             for future in as_completed(futures):
@@ -77,7 +85,7 @@ def grade_all(items: list[tuple[Path, str]], *, jobs: int = 1, cell_timeout: flo
         for i in sorted(crashed):  # a worker died: grade each affected notebook again, alone
             path, student = items[i]
             try:
-                with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_quiet_asyncio) as pool:
                     res = pool.submit(grade_safely, path, cell_timeout, timeout, student=student, **kwargs).result()
             except Exception as err:
                 res = grader_failure(path, student, "the grading process died while running this notebook (did it "

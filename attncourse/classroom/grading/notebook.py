@@ -129,6 +129,9 @@ def explain_missing(e: ExerciseResult, nb: nbformat.NotebookNode, stopped: list[
     answer = {f"{i}-answer" for i in (ex.id, *ex.aliases)}
     where = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (
         defines(c.source, ex.target) or c.metadata.get("nbgrader", {}).get("grade_id") in answer)]
+    if any("raise NotImplementedError" in nb.cells[i].source for i in where):  # the untouched stub: its own cause
+        return ExerciseResult(e.id, 0.0, e.max_points, "missing",
+                              f"`{ex.target}` is not written yet (its cell still raises NotImplementedError)")
     for index, why in stopped:
         if index in where:
             return ExerciseResult(e.id, e.points, e.max_points, "timeout",

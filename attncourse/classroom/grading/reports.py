@@ -89,8 +89,10 @@ def feedback_markdown(r: NotebookResult) -> str:
                   "right file, and that it opens in JupyterLab.", ""]
     elif r.exercises:
         lines += ["Every autograded exercise passed.", ""]
-    lines += ["Written answers are graded by hand and are not part of this score. The grader ran its own "
-              "checks (and some hidden ones), so run the check cells in your notebook to reproduce a failure.", ""]
+    unreadable = bool(r.exercises) and all(e.message == NOT_GRADED for e in r.exercises)
+    lines += ["Written answers are graded by hand and are not part of this score."
+              + ("" if unreadable else " The grader ran its own checks (and some hidden ones), so run the check "
+                 "cells in your notebook to reproduce a failure."), ""]
     return "\n".join(lines)
 
 
