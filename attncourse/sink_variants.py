@@ -217,7 +217,9 @@ def train_sink_variant(attention: str, seed: int, *, steps: int = 400, vocab_siz
 
     Returns ``{"loss": held-out next-token loss, "first_token": per layer, the weight each head gives BOS
     (queries 1..T, see :func:`first_token_weight`), "max_act", "max_over_median": see
-    :func:`largest_activations` on the residual stream after each block}``. Weights and batches depend only on
+    :func:`largest_activations` on the residual stream after each block, "row_mass": per layer, each head's mean
+    row sum over the same queries (1 for softmax; 1 minus the sink's own weight with a sink logit), so that
+    first_token / row_mass is BOS's share of the weight the row gives to real keys}``. Weights and batches depend only on
     `seed`, so every attention sees the same data."""
     if attention not in VARIANTS:
         raise ValueError(f"attention must be one of {VARIANTS}, got {attention!r}")
@@ -238,5 +240,6 @@ def train_sink_variant(attention: str, seed: int, *, steps: int = 400, vocab_siz
         logits, maps, states = model(test, return_internals=True)
         held_out = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), test[:, 1:]).item()
     top, ratio = largest_activations(states[1:])
+    row_mass = [w[:, :, 1:].float().sum(-1).mean(dim=(0, 2)).tolist() for w in maps]  # per layer, (H,)
     return {"loss": held_out, "first_token": [first_token_weight(w).tolist() for w in maps], "max_act": top,
-            "max_over_median": ratio}
+            "max_over_median": ratio, "row_mass": row_mass}

@@ -132,3 +132,42 @@ class TinyViT(nn.Module):
             cls_attn.append(w[:, :, 0, 1:])  # (B, H, N): query = CLS, keys = the patches
         logits = self.head(self.norm(x[:, 0]))  # (B, d) -> (B, n_classes)
         return (logits, torch.stack(cls_attn, dim=1)) if return_attention else logits  # (B, L, H, N)
+
+    @torch.no_grad()
+    def attention_maps(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, S, S) -> every block's full attention maps (B, n_layers, H, N + 1, N + 1), CLS first.
+        Raises ValueError for images of the wrong shape."""
+        _check_images(images, self.patch_size)
+        x = self.patch_embed(patchify(images, self.patch_size))  # (B, N, d)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos  # (B, N + 1, d)
+        maps = []
+        for block in self.blocks:
+            x, w = block(x, return_weights=True)  # (B, N + 1, d), (B, H, N + 1, N + 1)
+            maps.append(w)
+        return torch.stack(maps, dim=1)  # (B, L, H, N + 1, N + 1)
+
+
+def attention_rollout(maps: torch.Tensor, residual: float = 0.5) -> torch.Tensor:
+    r"""Attention rollout (Abnar and Zuidema, 2020): how much each input token flows into each output token through
+    all layers, counting the residual connection.
+
+    Each layer's map, averaged over heads, becomes :math:`\hat A_l = (1 - r) \bar A_l + r I` (rows still sum to 1),
+    and the layers compose by matrix product: :math:`\tilde A = \hat A_L \cdots \hat A_1`.
+
+    Args:
+        maps: (B, L, H, T, T) attention maps of L layers, rows summing to 1 (e.g. :meth:`TinyViT.attention_maps`).
+        residual: r in [0, 1), the weight given to the identity (0.5 in the paper).
+    Returns (B, T, T): row i is how much of output token i comes from each input token (rows sum to 1).
+    Raises ValueError for maps not of shape (B, L, H, T, T) or a residual outside [0, 1).
+    """
+    _validate.tensor("maps", maps, floating=True)
+    if maps.dim() != 5 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"maps must be (B, L, H, T, T), got shape {tuple(maps.shape)}")
+    if not 0.0 <= residual < 1.0:
+        raise ValueError(f"residual must be in [0, 1), got {residual}")
+    eye = torch.eye(maps.shape[-1], dtype=maps.dtype, device=maps.device)  # (T, T)
+    flow = eye.expand(maps.shape[0], -1, -1)  # (B, T, T)
+    for layer in range(maps.shape[1]):
+        a = (1 - residual) * maps[:, layer].mean(dim=1) + residual * eye  # (B, T, T): heads averaged, residual added
+        flow = a @ flow  # (B, T, T) @ (B, T, T): this layer on top of the ones below
+    return flow

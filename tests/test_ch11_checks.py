@@ -1,4 +1,5 @@
-"""Chapter 11's checks refuse the routes of issue 23 (review ch10-12, section 4, and routes of the same kinds).
+"""Chapter 11's checks refuse the routes of issue 23 and of the cold review of chapters 11-12 (section 4), and routes
+of the same kinds.
 
 Each route is learner code (this file), tried through the check cell and the grader; a right answer passes.
 """
@@ -11,17 +12,22 @@ import pytest
 import torch
 
 from attncourse.classroom import checks
-from test_exercise_standard import Grader, as_learner
+from exercise_routes import refused as refused_by_both
+from test_exercise_standard import as_learner
 
 
 def refused(exercise_id, answer, tmp_path, monkeypatch, *, because):
     """`answer` is refused by the check cell and by the grader, with `because` in both messages."""
-    ex = checks.get(exercise_id)
-    with pytest.raises(checks.CheckFailed) as info:
-        checks.check(exercise_id, answer)
-    status, message = Grader(tmp_path, monkeypatch)(ex, answer, ex.make_cases())
-    assert status == "failed", message
-    assert because in str(info.value) and because in message, (str(info.value), message)
+    message, graded = refused_by_both(exercise_id, answer, tmp_path, monkeypatch, statuses=("failed",))
+    assert because in message and because in graded, (message, graded)
+
+
+def refuses_breakers(exercise_id, tmp_path, monkeypatch, *, because):
+    for breaker in checks.get(exercise_id).breakers:
+        refused(exercise_id, breaker, tmp_path, monkeypatch, because=because)
+
+
+# ----------------------------------------------------------------------------- 1. tile states
 
 
 def tile_states_reduce(mask, block_q, block_k):
@@ -50,8 +56,21 @@ def test_tile_states(tmp_path, monkeypatch):
         return tile_states(lambda b, h, i, j: mask[i, j], mask.shape[0], mask.shape[1], block_q, block_k)
 
     refused("11-tile-states", package, tmp_path, monkeypatch, because="called attncourse.block_sparse")
-    for breaker in checks.get("11-tile-states").breakers:
-        refused("11-tile-states", as_learner(breaker), tmp_path, monkeypatch, because="not the way")
+
+    def flex_private(mask, block_q, block_k):  # the cold review's route: create_block_mask's own private reduction
+        from torch.nn.attention.flex_attention import _convert_mask_to_block_mask
+        t_q, t_k = mask.shape
+        padded = torch.zeros(-(-t_q // block_q) * block_q, -(-t_k // block_k) * block_k, dtype=torch.bool)
+        padded[:t_q, :t_k] = mask
+        partial, full = _convert_mask_to_block_mask(padded[None, None], Q_BLOCK_SIZE=block_q, KV_BLOCK_SIZE=block_k,
+                                                    separate_full_blocks=True)
+        return partial[0, 0].long() + 2 * full[0, 0].long()
+
+    refused("11-tile-states", flex_private, tmp_path, monkeypatch, because="_convert_mask_to_block_mask")
+    refuses_breakers("11-tile-states", tmp_path, monkeypatch, because="not the way")
+
+
+# ----------------------------------------------------------------------------- 2. slot mapping
 
 
 def test_slot_mapping_refuses_the_cache(tmp_path, monkeypatch):
@@ -69,6 +88,9 @@ def test_slot_mapping_refuses_the_cache(tmp_path, monkeypatch):
             [p * page_size + o for p, o in (cache.slot(seq, t) for t in range(length, length + n_new))])
 
     refused("11-slot-mapping", cache_append, tmp_path, monkeypatch, because="called attncourse.paged_cache")
+
+
+# ----------------------------------------------------------------------------- 3. merging ranks
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -99,23 +121,34 @@ def test_merge_ranks(tmp_path, monkeypatch):
     refused("11-merge-ranks", reference, tmp_path, monkeypatch, because="called attncourse.classroom")
 
 
-def paged_fixed(query, k_pages, v_pages, block_table, length, slopes):
-    h, d = query.shape
-    hkv, page = k_pages.shape[1], k_pages.shape[2]
-    kv_of = torch.arange(h) // (h // hkv)
-    m = torch.full((h,), -math.inf, dtype=query.dtype)
-    l, acc = torch.zeros(h, dtype=query.dtype), torch.zeros(h, d, dtype=query.dtype)
-    for i, p in enumerate(block_table):
-        n = min(page, length - i * page)
-        if n <= 0:
-            break
-        k, v = k_pages[p, kv_of, :n], v_pages[p, kv_of, :n]
-        s = (k @ query[:, :, None]).squeeze(-1) / math.sqrt(d)
-        s = s - slopes[:, None] * ((length - 1) - (i * page + torch.arange(n)))[None, :]
-        m_new = torch.maximum(m, s.amax(-1))
-        alpha, e = torch.exp(m - m_new), torch.exp(s - m_new[:, None])
-        l, acc, m = alpha * l + e.sum(-1), alpha[:, None] * acc + (e[:, None, :] @ v).squeeze(1), m_new
-    return acc / l[:, None]
+# ----------------------------------------------------------------------------- 4. the paged ALiBi bug
+
+
+def paged_decode(position_of_page):
+    """A paged decode step that reads the pages one at a time with an online softmax; `position_of_page(i, p, P)`
+    gives the position of the first key of page p, the i-th of the block table (pages of P tokens)."""
+    def decode(query, k_pages, v_pages, block_table, length, slopes):
+        h, d = query.shape
+        hkv, page = k_pages.shape[1], k_pages.shape[2]
+        kv_of = torch.arange(h) // (h // hkv)
+        m = torch.full((h,), -math.inf, dtype=query.dtype)
+        l, acc = torch.zeros(h, dtype=query.dtype), torch.zeros(h, d, dtype=query.dtype)
+        for i, p in enumerate(block_table):
+            n = min(page, length - i * page)
+            if n <= 0:
+                break
+            k, v = k_pages[p, kv_of, :n], v_pages[p, kv_of, :n]
+            s = (k @ query[:, :, None]).squeeze(-1) / math.sqrt(d)
+            s = s - slopes[:, None] * ((length - 1) - (position_of_page(i, p, page) + torch.arange(n)))[None, :]
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha, e = torch.exp(m - m_new), torch.exp(s - m_new[:, None])
+            l, acc, m = alpha * l + e.sum(-1), alpha[:, None] * acc + (e[:, None, :] @ v).squeeze(1), m_new
+        return acc / l[:, None]
+
+    return decode
+
+
+paged_fixed = paged_decode(lambda i, p, page: i * page)
 
 
 def test_paged_alibi_bug(tmp_path, monkeypatch):
@@ -137,32 +170,60 @@ def test_paged_alibi_bug(tmp_path, monkeypatch):
 
     refused("11-find-the-bug-1", scores_then_softmax, tmp_path, monkeypatch, because="whole sequence")
 
-    def page_number_as_position(query, k_pages, v_pages, block_table, length, slopes):  # the exercise's bug
-        h, d = query.shape
+    def dense_gather(query, k_pages, v_pages, block_table, length, slopes):  # the cold review's route: every page
+        h, d = query.shape  # copied into one (n_pages, H, P, D) tensor, no dimension as long as the sequence
         hkv, page = k_pages.shape[1], k_pages.shape[2]
         kv_of = torch.arange(h) // (h // hkv)
-        m = torch.full((h,), -math.inf, dtype=query.dtype)
-        l, acc = torch.zeros(h, dtype=query.dtype), torch.zeros(h, d, dtype=query.dtype)
-        for i, p in enumerate(block_table):
-            n = min(page, length - i * page)
-            k, v = k_pages[p, kv_of, :n], v_pages[p, kv_of, :n]
-            s = (k @ query[:, :, None]).squeeze(-1) / math.sqrt(d)
-            s = s - slopes[:, None] * ((length - 1) - (p * page + torch.arange(n)))[None, :]
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha, e = torch.exp(m - m_new), torch.exp(s - m_new[:, None])
-            l, acc, m = alpha * l + e.sum(-1), alpha[:, None] * acc + (e[:, None, :] @ v).squeeze(1), m_new
-        return acc / l[:, None]
+        idx = torch.tensor(block_table)
+        keys, values = k_pages[idx][:, kv_of], v_pages[idx][:, kv_of]  # (n, H, P, D)
+        pos = torch.arange(len(block_table))[:, None] * page + torch.arange(page)[None, :]  # (n, P)
+        s = (keys * query[None, :, None, :]).sum(-1) / math.sqrt(d) - slopes[None, :, None] * ((length - 1) - pos)[:, None]
+        s = s.masked_fill((pos >= length)[:, None, :], -math.inf)
+        e = torch.exp(s - s.amax(dim=(0, 2))[None, :, None])
+        return (e[..., None] * values).sum(dim=(0, 2)) / e.sum(dim=(0, 2))[:, None]
 
-    with pytest.raises(checks.CheckFailed, match="out of order"):  # the case that shows it is named
-        checks.check("11-find-the-bug-1", page_number_as_position)
+    refused("11-find-the-bug-1", dense_gather, tmp_path, monkeypatch, because="whole sequence")
+
+    with pytest.raises(checks.CheckFailed, match="out of order"):  # the bug: the case that shows it is named
+        checks.check("11-find-the-bug-1", as_learner(paged_decode(lambda i, p, page: p * page)))
 
     def package(query, k_pages, v_pages, block_table, length, slopes):
         from attncourse.classroom.checks.ch11 import paged_alibi_reference
         return paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes)
 
     refused("11-find-the-bug-1", package, tmp_path, monkeypatch, because="called attncourse")
-    for breaker in checks.get("11-find-the-bug-1").breakers:
-        refused("11-find-the-bug-1", as_learner(breaker), tmp_path, monkeypatch, because="whole sequence")
+    refuses_breakers("11-find-the-bug-1", tmp_path, monkeypatch, because="whole sequence")
+
+
+# ----------------------------------------------------------------------------- 5. predict the ring's bytes
+
+
+def test_ring_bytes_prediction(tmp_path, monkeypatch):
+    def counted(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
+        block = batch * n_kv_heads * (seq_len // world_size) * head_dim * bytes_per_element
+        backward = 4 * (world_size - 1) * block + 2 * block
+        return backward, backward + 2 * (world_size - 1) * block
+
+    checks.check("11-ring-bytes", counted)
+
+    def checker_formula(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):  # the review's route
+        from attncourse.classroom.checks.ch11 import ring_backward_bytes
+        from attncourse.ring import ring_bytes_per_rank
+        cfg = dict(batch=batch, n_kv_heads=n_kv_heads, seq_len=seq_len, head_dim=head_dim, world_size=world_size,
+                   bytes_per_element=bytes_per_element)
+        return ring_backward_bytes(**cfg), ring_backward_bytes(**cfg) + ring_bytes_per_rank(**cfg)
+
+    refused("11-ring-bytes", checker_formula, tmp_path, monkeypatch, because="called attncourse")
+
+    def forward_twice(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):  # "about twice"
+        block = batch * n_kv_heads * (seq_len // world_size) * head_dim * bytes_per_element
+        return 4 * (world_size - 1) * block, 6 * (world_size - 1) * block
+
+    with pytest.raises(checks.CheckFailed, match="wrong"):
+        checks.check("11-ring-bytes", forward_twice)
+
+
+# ----------------------------------------------------------------------------- 6. the chunking experiment
 
 
 def test_chunking_experiment(tmp_path, monkeypatch):

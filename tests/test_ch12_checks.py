@@ -46,6 +46,84 @@ def test_diff_attention_one_value_product(tmp_path, monkeypatch):
 
     refused("12-diff-attention", fused, tmp_path, monkeypatch, because="called")
 
+    def maps_of(q, k, is_causal):
+        d = q.shape[-1] // 2
+        out = []
+        for half in (slice(0, d), slice(d, 2 * d)):
+            s = q[..., half] @ k[..., half].transpose(-2, -1) / math.sqrt(d)
+            if is_causal:
+                s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+            out.append(s.softmax(-1))
+        return out
+
+    def copy_of_v(q, k, v, lam, is_causal=False):  # the cold review's route: v enters one op (the copy), two products
+        a1, a2 = maps_of(q, k, is_causal)
+        vv = v * 1.0
+        return a1 @ vv - lam * (a2 @ vv)
+
+    def side_by_side(q, k, v, lam, is_causal=False):  # one matmul over the maps laid side by side: twice the work
+        a1, a2 = maps_of(q, k, is_causal)
+        return torch.cat([a1, -lam * a2], -1) @ torch.cat([v, v], -2)
+
+    def broadcast_twice(q, k, v, lam, is_causal=False):  # multiply-then-sum, once per map
+        a1, a2 = maps_of(q, k, is_causal)
+        vv = v[..., None, :, :] * 1.0
+        return (a1[..., None] * vv).sum(-2) - lam * (a2[..., None] * vv).sum(-2)
+
+    for route in (copy_of_v, side_by_side, broadcast_twice):
+        refused("12-diff-attention", route, tmp_path, monkeypatch, because="multiply by v once")
+
+    def one_einsum(q, k, v, lam, is_causal=False):  # subtract first, then one product, spelled as an einsum
+        a1, a2 = maps_of(q, k, is_causal)
+        return torch.einsum("...qk,...kd->...qd", a1 - lam * a2, v)
+
+    checks.check("12-diff-attention", one_einsum)
+
+
+def test_find_head_refuses_heuristics(tmp_path, monkeypatch):
+    def scored(maps, seg_len):
+        t = torch.arange(seg_len, 2 * seg_len)
+        return divmod(int(maps[..., t, t - seg_len + 1].mean(-1).argmax()), maps.shape[1])
+
+    checks.check("12-find-head", scored)
+
+    def last_layer_sink(maps, seg_len):  # the cold review's route: last layer, most weight on key 0
+        last = maps.shape[0] - 1
+        return last, int(maps[last, :, :, 0].sum(-1).argmax())
+
+    def sink_then_letting_go(maps, seg_len):  # key 0 over the first copy, not over the second
+        s = maps[..., :seg_len, 0].mean(-1) - maps[..., seg_len:, 0].mean(-1)
+        return divmod(int(s.argmax()), maps.shape[1])
+
+    def off_by_one(maps, seg_len):  # the token's own earlier occurrence (t - L): a duplicate-token head
+        t = torch.arange(seg_len, 2 * seg_len)
+        return divmod(int(maps[..., t, t - seg_len].mean(-1).argmax()), maps.shape[1])
+
+    for route in (last_layer_sink, sink_then_letting_go, off_by_one):
+        refused("12-find-head", route, tmp_path, monkeypatch, because="what you returned")
+
+
+def test_prediction_refuses_the_package(tmp_path, monkeypatch):
+    def worked(layer_a, layer_b, d_model, n_heads):
+        d = d_model // (2 * n_heads)
+        lam = lambda layer: 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))  # noqa: E731
+        return lam(layer_a), lam(layer_b), 4 * d_model * d_model + 6 * d
+
+    checks.check("12-predict", worked)
+
+    def package(layer_a, layer_b, d_model, n_heads):  # the cold review's route: one package call per part
+        from attncourse import DifferentialAttention, diff_lambda_init
+        return (diff_lambda_init(layer_a), diff_lambda_init(layer_b),
+                sum(p.numel() for p in DifferentialAttention(d_model, n_heads).parameters()))
+
+    refused("12-predict", package, tmp_path, monkeypatch, because="called attncourse")
+
+    def no_norm(layer_a, layer_b, d_model, n_heads):  # forgets the per-head norm's gain
+        return worked(layer_a, layer_b, d_model, n_heads)[:2] + (4 * d_model * d_model + 4 * d_model // (2 * n_heads),)
+
+    with pytest.raises(checks.CheckFailed, match="wrong: parameter count"):
+        checks.check("12-predict", no_norm)
+
 
 def test_induction_score_and_patchify_refuse_loops(tmp_path, monkeypatch):
     checks.check("12-induction-score",

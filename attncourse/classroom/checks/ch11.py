@@ -60,9 +60,17 @@ def _no_loop_over_tiles(runs) -> str | None:
     return None
 
 
+def _flex_callables() -> tuple[str, ...]:
+    """Every callable of torch.nn.attention.flex_attention, private ones included: create_block_mask reduces the
+    mask to tile states with _convert_mask_to_block_mask, which would answer the exercise in one call."""
+    import torch.nn.attention.flex_attention as flex
+
+    return tuple(f"{flex.__name__}.{name}" for name, obj in sorted(vars(flex).items())
+                 if callable(obj) and getattr(obj, "__module__", None) == flex.__name__)
+
+
 @exercise("11-tile-states", "tile_states_of", points=2, category="implement",
-          forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map",
-                  "torch.nn.attention.flex_attention.create_block_mask"),
+          forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map", *_flex_callables()),
           allow=(), ops=("attention",), prop=_no_loop_over_tiles,
           prop_doc="every tile is reduced at once: the operation count does not grow with the number of tiles",
           breakers=(_breaker_tile_states,),
@@ -206,8 +214,9 @@ def _breaker_paged_alibi(query, k_pages, v_pages, block_table, length, slopes):
 
 
 def _page_by_page(runs) -> str | None:
-    """No tensor holds the keys of more than one page: on the long cases, no operation sees a dimension as long as
-    the sequence (or its pages laid end to end)."""
+    """No tensor holds the keys of more than two pages: on the long cases, no operation sees a dimension as long as
+    the sequence (or its pages laid end to end), and no tensor the answer made (not a view of an input) holds more
+    elements than two pages' keys for every query head."""
     for run in runs:
         q, k_pages, _, table, length, _ = run.case.args
         page = k_pages.shape[2]
@@ -215,9 +224,10 @@ def _page_by_page(runs) -> str | None:
             continue
         gathered = {length, len(table) * page, k_pages.shape[1] * length, k_pages.shape[1] * len(table) * page,
                     q.shape[0] * length}
+        two_pages = 2 * q.shape[0] * page * k_pages.shape[3]  # H query heads x 2 pages x D
         for op, _, _, tensors in (run.trace or {}).get("ops", ()):
-            for _, _, shape, _ in tensors:
-                if gathered & set(shape):
+            for label, _, shape, _ in tensors:
+                if gathered & set(shape) or (label is None and math.prod(shape) > two_pages):
                     return (f"on case '{run.case.name}' your code ran {op.split('::')[-1]} on a tensor of shape "
                             f"{tuple(shape)}: the keys of the whole sequence in one tensor. Read the pages in place, "
                             "one at a time")
@@ -228,7 +238,8 @@ def _page_by_page(runs) -> str | None:
           forbid=("attncourse.paged_cache.paged_attention", "attncourse.paged_cache.PagedKVCache.gather",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           allow=(), ops=("attention",), prop=_page_by_page,
-          prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence",
+          prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence, "
+                   "nor more than two pages' keys for every head",
           breakers=(_breaker_paged_alibi,),
           bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index"),
           hint="the first tests use block tables of one particular kind; build a pool the way a server fills one "
@@ -267,15 +278,32 @@ def ring_backward_bytes(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_
     return (4 * (world_size - 1) + 2) * block
 
 
-@exercise("11-ring-bytes", "ring_prediction", kind="value", points=1, category="predict",
+@exercise("11-ring-bytes", "ring_prediction", points=1, category="predict",
           parts=("bytes one rank sends in the backward ring", "bytes one rank sends in the forward and backward rings"),
+          forbid=("attncourse.ring.ring_bytes_per_rank", "attncourse.ring.ulysses_bytes_per_rank"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a count in plain integers, written as a function of the layer and the world "
+                   "size so that no package call (the ring's own byte formulas, the checker's) can stand in for it: "
+                   "equal counts on every configuration are the skill",
           hint="test your count on two ranks by following one rank's sends through the backward loop step by step, "
                "then see what changes at the last step")
 def _ring_bytes():
-    """Predict (backward bytes per rank, forward + backward bytes per rank) for B=1, Hkv=8, T=131072, D=128, W=8, bf16."""
-    backward = ring_backward_bytes(**RING_CONFIG)
-    return [Case("(backward, forward + backward) bytes per rank for B=1, Hkv=8, T=131072, D=128, W=8, bfloat16",
-                 expected=(backward, backward + ring_bytes_per_rank(**RING_CONFIG)), compare="equal")]
+    """Predict (backward bytes per rank, forward + backward bytes per rank) of a ring training step, as a function
+    of (batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)."""
+    gen = torch.Generator().manual_seed(15)  # two more layers, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [("B=1, Hkv=8, T=131072, D=128, W=8, bfloat16 (the exercise's layer)", RING_CONFIG)]
+    for _ in range(2):
+        w = pick(2, 9)
+        cfg = dict(batch=pick(1, 4), n_kv_heads=2 ** pick(0, 3), seq_len=w * 64 * pick(1, 64), head_dim=32 * pick(1, 4),
+                   world_size=w, bytes_per_element=2 * pick(1, 2))
+        configs.append((", ".join(f"{k}={v}" for k, v in cfg.items()), cfg))
+    cases = []
+    for name, cfg in configs:
+        backward = ring_backward_bytes(**cfg)
+        cases.append(Case(f"(backward, forward + backward) bytes per rank for {name}", tuple(cfg.values()),
+                          expected=(backward, backward + ring_bytes_per_rank(**cfg)), compare="equal"))
+    return cases
 
 
 # ----------------------------------------------------------------------------- 6. experiment: chunked prefill

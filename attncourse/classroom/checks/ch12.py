@@ -68,15 +68,42 @@ def _breaker_diff(q, k, v, lam, is_causal=False):
     return outs[0] - lam * outs[1]
 
 
+def _value_macs(op: str, tensors: list, dv: int) -> int:
+    """Multiply-adds an operation spends producing rows of width `dv` (a value product): matrix products whose
+    output has `dv` rows or columns, and broadcast products whose result ends in `dv` (a multiply-then-sum)."""
+    name = op.split("::")[-1].split(".")[0]
+    shapes = [tuple(t[2]) for t in tensors]
+    if name in ("mm", "bmm", "matmul", "baddbmm", "addmm", "addbmm") and len(shapes) >= 2:
+        a, b = shapes[-2], shapes[-1]
+        if len(a) < 2 or len(b) < 2:
+            return 0
+        m, k, n = a[-2], a[-1], b[-1]
+        return math.prod(a[:-2]) * m * k * n if dv in (m, n) else 0
+    if name == "mul" and len(shapes) == 2 and all(shapes):
+        out = torch.broadcast_shapes(*shapes)
+        return math.prod(out) if out and out[-1] == dv and len(out) >= 3 else 0
+    return 0
+
+
 def _one_value_product(runs) -> str | None:
-    """v (the third argument) enters exactly one arithmetic operation: the maps are subtracted before touching v."""
+    """v (the third argument) enters exactly one arithmetic operation, and the value products cost what ONE map
+    times v costs: the maps are subtracted before touching v (a copy of v used twice, or the two maps laid side by
+    side against v stacked twice, do twice the work)."""
     for run in runs:
-        uses = [op for op, _, _, tensors in (run.trace or {}).get("ops", ())
+        ops = (run.trace or {}).get("ops", ())
+        uses = [op for op, _, _, tensors in ops
                 if any(t[0] == "arg2" for t in tensors) and not forbidden.DATA_OPS.match(op.split("::")[-1].split(".")[0])]
         if len(uses) != 1:
             return (f"on case '{run.case.name}' the values v entered {len(uses)} operations "
                     f"({', '.join(u.split('::')[-1] for u in uses[:4])}): subtract the two maps first, then multiply "
                     "by v once")
+        q, k, v = run.case.args[:3]
+        one = math.prod(q.shape[:-1]) * k.shape[-2] * v.shape[-1]  # (lead, Tq) rows, Tk keys, dv features: one product
+        spent = sum(_value_macs(op, tensors, v.shape[-1]) for op, _, _, tensors in ops)
+        if spent > 1.25 * one:
+            return (f"on case '{run.case.name}' your value products cost {spent / one:.1f} times one map times v: "
+                    "the values were multiplied by both maps (a copy of v counts as v); subtract the two maps "
+                    "first, then multiply by v once")
     return None
 
 
@@ -85,7 +112,8 @@ def _one_value_product(runs) -> str | None:
                   "attncourse.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "torch.nn.functional.scaled_dot_product_attention"),
           allow=(), ops=("attention",), prop=_one_value_product,
-          prop_doc="one value product: the two maps are subtracted before v is touched (v enters one operation)",
+          prop_doc="one value product: the two maps are subtracted before v is touched (v enters one operation, and the "
+                   "multiply-adds of products with v's width are those of one map times v)",
           breakers=(_breaker_diff,),
           shortcuts=(_shortcut_diff, _shortcut_diff_sdpa),
           hint="the first half of the last dim of q and k makes the first map, the second half the second map; "
@@ -105,17 +133,34 @@ def _diff():
     return cases
 
 
-@exercise("12-predict", "predicted", kind="value", points=1, category="predict",
-          parts=("lambda_init at layer 8", "lambda_init at layer 12", "parameter count"),
+@exercise("12-predict", "predicted", points=1, category="predict",
+          parts=("lambda_init at the first layer asked", "lambda_init at the second layer asked", "parameter count"),
+          forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init",
+                  "attncourse.DifferentialAttention", "attncourse.variants.DifferentialAttention"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is written as a function of the layers and the layer's sizes so that no package "
+                   "call (the schedule, the layer's own parameters, the checker's) can stand in for it: equal values "
+                   "on every configuration are the skill",
           hint="the schedule of the lesson's section 4 rises from its first-layer value towards its limit as the "
                "layer number grows: evaluate the lesson's formula at the layers asked; for the count, add the square "
                "projections (no bias), the four lambda vectors of the half-head width and the norm's gain over one "
                "head's output features")
 def _predict():
-    """Predict lambda_init for layers 8 and 12, and the parameter count of DifferentialAttention(128, 4)."""
-    count = sum(p.numel() for p in DifferentialAttention(128, 4).parameters())
-    return [Case("(lambda_init at layer 8, lambda_init at layer 12, parameters of DifferentialAttention(128, 4))",
-                 expected=(diff_lambda_init(8), diff_lambda_init(12), count), rtol=1e-4, atol=1e-6)]
+    """Predict (lambda_init at layer_a, lambda_init at layer_b, parameters of DifferentialAttention(d_model,
+    n_heads)) as a function of (layer_a, layer_b, d_model, n_heads)."""
+    gen = torch.Generator().manual_seed(126)  # two more configurations, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [(8, 12, 128, 4)]
+    for _ in range(2):
+        heads = pick(1, 8)
+        configs.append((pick(1, 40), pick(1, 40), 2 * heads * pick(2, 16), heads))
+    cases = []
+    for layer_a, layer_b, d_model, n_heads in configs:
+        count = sum(p.numel() for p in DifferentialAttention(d_model, n_heads).parameters())
+        cases.append(Case(f"layers {layer_a} and {layer_b}, DifferentialAttention({d_model}, {n_heads})",
+                          (layer_a, layer_b, d_model, n_heads),
+                          expected=(diff_lambda_init(layer_a), diff_lambda_init(layer_b), count), rtol=1e-4, atol=1e-6))
+    return cases
 
 
 def _random_maps(gen: torch.Generator, lead: tuple, t: int) -> torch.Tensor:
@@ -176,8 +221,13 @@ def _induction_score():
 
 
 def planted_induction_maps(gen: torch.Generator, n_layers: int, n_heads: int, seg_len: int, layer: int, head: int,
-             strength: float) -> torch.Tensor:
-    """Random causal maps (layers, H, 2L, 2L) with an induction stripe mixed into one head."""
+                           strength: float, prev_at: tuple[int, int] | None = None,
+                           decoys: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
+    """Random causal maps (layers, H, 2L, 2L) with an induction stripe mixed into head (layer, head).
+
+    Distractors: a previous-token head at `prev_at` (default: layer 0, the next head), and at each of `decoys` a
+    pure duplicate-token head with a sink: over the first copy all weight on key 0 (as the induction head's), over
+    the second copy all weight on the token's own earlier occurrence t - L (one key before the induction target)."""
     t = 2 * seg_len
     maps = _random_maps(gen, (n_layers, n_heads), t)
     stripe = torch.zeros(t, t, dtype=torch.float64)
@@ -187,7 +237,12 @@ def planted_induction_maps(gen: torch.Generator, n_layers: int, n_heads: int, se
     prev = torch.zeros(t, t, dtype=torch.float64)  # a previous-token head as a distractor
     prev[0, 0] = 1.0
     prev[torch.arange(1, t), torch.arange(t - 1)] = 1.0
-    maps[0, (head + 1) % n_heads] = prev
+    maps[prev_at if prev_at is not None else (0, (head + 1) % n_heads)] = prev
+    dup = torch.zeros(t, t, dtype=torch.float64)  # duplicate-token head: the off-by-one of an induction head
+    dup[:seg_len, 0] = 1.0
+    dup[torch.arange(seg_len, t), torch.arange(0, seg_len)] = 1.0
+    for where in decoys:
+        maps[where] = dup
     return maps
 
 
@@ -199,8 +254,10 @@ def _shortcut_find_head(maps, seg_len):
 @exercise("12-find-head", "find_induction_head", points=1, category="implement",
           forbid=("attncourse.induction_scores", "attncourse.heads.induction_scores"),
           allow=(), ops=("attention", "softmax"),
-          prop_doc="the (layer, head) pair is the skill: the planted head moves from case to case, among distractors "
-                   "(a previous-token head), and the library's scores are refused",
+          prop_doc="the (layer, head) pair is the skill: the planted head moves from layer to layer (the first, a "
+                   "middle one, the last), among distractors (a previous-token head; duplicate-token heads that sink "
+                   "on key 0 over the first copy and look one key before the induction target over the second), "
+                   "and the library's scores are refused",
           shortcuts=(_shortcut_find_head,),
           hint="score every (layer, head) with your own induction score, then turn the flat position of the best "
                "one back into a row and a column of the (layers, H) table, as two Python ints")
@@ -208,9 +265,13 @@ def _find_head():
     """Return (layer, head) of the induction head in maps of shape (layers, H, 2L, 2L)."""
     gen = torch.Generator().manual_seed(123)
     cases = []
-    for n_layers, n_heads, seg_len, layer, head, strength in ((2, 2, 6, 1, 0, 0.7), (2, 4, 8, 1, 3, 0.6),
-                                                              (3, 4, 5, 2, 1, 0.5), (2, 3, 7, 1, 2, 0.4)):
-        maps = planted_induction_maps(gen, n_layers, n_heads, seg_len, layer, head, strength)
+    for n_layers, n_heads, seg_len, layer, head, strength, prev_at, decoys in (
+            (2, 2, 6, 1, 0, 0.7, (0, 1), ((1, 1),)),
+            (2, 4, 8, 0, 3, 0.6, (1, 0), ((1, 1), (1, 2))),
+            (3, 4, 5, 2, 1, 0.5, (0, 2), ((2, 0), (1, 3))),
+            (2, 3, 7, 0, 2, 0.4, (1, 1), ((1, 0), (0, 0))),
+            (3, 3, 6, 1, 1, 0.5, (2, 0), ((2, 2), (0, 1)))):
+        maps = planted_induction_maps(gen, n_layers, n_heads, seg_len, layer, head, strength, prev_at, decoys)
         scores = induction_scores(maps, seg_len)  # (layers, H)
         expected = divmod(int(scores.argmax()), n_heads)
         assert expected == (layer, head)
