@@ -117,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.feedback:
         write_feedback(results, args.feedback)
     total = sum(r.score for r in results)
-    print(f"graded {len(results)} notebook(s) of {len({r.student for r in results})} student(s); "
-          f"mean score {total / len(results):.2f}", file=sys.stderr)
+    if len(results) > 1:  # one notebook (a learner's ./course check): its own line above already gives the score
+        print(f"graded {len(results)} notebook(s) of {len({r.student for r in results})} student(s); "
+              f"mean score {total / len(results):.2f}", file=sys.stderr)
     return 0
 
 
