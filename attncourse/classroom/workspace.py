@@ -161,7 +161,8 @@ def prepare(root: Path = ROOT, out=None) -> dict[str, list[str]]:
               + ", ".join(Path(p).name for p in done["updated"]), file=out)
     for path in done["kept"]:
         print(f"== {path}: the course has a newer version; yours has your edits and is kept as it is "
-              f"(`./course reset {path}` takes the new one and keeps yours in {WORK}/{BACKUPS}/)", file=out)
+              f"(`./course reset {path}` takes the new one and keeps yours in {WORK}/{BACKUPS}/: open both and copy "
+              f"your answer cells into the new one)", file=out)
     return done
 
 
