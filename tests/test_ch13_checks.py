@@ -295,3 +295,14 @@ def test_recall_experiment(tmp_path, monkeypatch):
 
     for route in (values_first, capacity_rule, lambda rule, n_pairs, dim, seed: 1.0):
         failure("13-recall-capacity", route)
+
+
+def test_memory_recall_beta():
+    """The lesson's step-size sweep: beta = 1 is the default, small steps make the delta rule level with the plain
+    sum at N = 64, bad steps are refused."""
+    from attncourse.recall import memory_recall
+    assert memory_recall("delta", 32, 32, 0) == memory_recall("delta", 32, 32, 0, beta=1.0)
+    assert memory_recall("delta", 64, 32, 0, beta=0.1) > memory_recall("delta", 64, 32, 0)
+    for bad in (0.0, 1.5, "1"):
+        with pytest.raises(ValueError, match="beta"):
+            memory_recall("delta", 8, 8, 0, beta=bad)
