@@ -31,12 +31,13 @@ MIXERS = ("softmax", "linear", "gla", "deltanet", "gated_deltanet", "kda")
 # ----------------------------------------------------------------------------- untrained: the update rule alone
 
 
-def memory_recall(rule: str, n_pairs: int, dim: int, seed: int, temperature: float = 30.0) -> float:
+def memory_recall(rule: str, n_pairs: int, dim: int, seed: int, temperature: float = 30.0, beta: float = 1.0) -> float:
     """Fraction of N stored pairs read back exactly (the value closest to what the memory returns is the right one).
 
     Keys are N random unit vectors in `dim` dimensions, values N random unit vectors; the pairs are written in
     order, then each key is used as a query. ``"softmax"``: attention over the stored keys with scores scaled by
-    `temperature`; ``"linear"``: the state :math:`\\sum_i k_i v_i^T`; ``"delta"``: the delta rule with beta = 1.
+    `temperature`; ``"linear"``: the state :math:`\\sum_i k_i v_i^T`; ``"delta"``: the delta rule with step size
+    `beta` (default 1; used by ``"delta"`` only).
 
     Raises: ValueError for an unknown rule, TypeError/ValueError for sizes that are not positive ints.
     """
@@ -44,14 +45,16 @@ def memory_recall(rule: str, n_pairs: int, dim: int, seed: int, temperature: flo
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     _validate.positive_int("n_pairs", n_pairs)
     _validate.positive_int("dim", dim)
+    if not isinstance(beta, (int, float)) or not 0 < beta <= 1:
+        raise ValueError(f"beta must be a number in (0, 1], got {beta!r}")
     gen = torch.Generator().manual_seed(seed)
     keys = F.normalize(torch.randn(1, 1, n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)  # (1,1,N,d)
     values = F.normalize(torch.randn(1, 1, n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
     if rule == "softmax":
         read = scaled_dot_product_attention(keys, keys, values, scale=temperature)  # (1,1,N,d): queries = keys
     else:
-        beta = torch.ones(1, 1, n_pairs, dtype=torch.float64) if rule == "delta" else None
-        _, state = la.chunked(keys, keys, values, beta=beta, chunk_size=64, scale=1.0)  # (1,1,d,d)
+        steps = torch.full((1, 1, n_pairs), float(beta), dtype=torch.float64) if rule == "delta" else None
+        _, state = la.chunked(keys, keys, values, beta=steps, chunk_size=64, scale=1.0)  # (1,1,d,d)
         read = keys @ state  # (1,1,N,d) @ (1,1,d,d): S^T k for every key
     nearest = (read @ values.transpose(-2, -1)).argmax(-1)  # (1,1,N) the stored value closest to each read
     return float((nearest == torch.arange(n_pairs)).double().mean())

@@ -91,6 +91,35 @@ def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
         assert "called" in msg and "called" in graded, msg
 
 
+def test_chunked_decay_quadratic_in_any_layout_refused(tmp_path, monkeypatch):
+    """The review's route: the whole (T, T) masked product with a trailing singleton dim (so no tensor's last two
+    dims are (T, T)), and the same product flattened to one (T*T) dim. Both ignore chunk_size; both refused."""
+    import math
+
+    def trailing_dim(q, k, v, g, chunk_size):
+        G = g.cumsum(-1)
+        T = q.shape[2]
+        s = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1, keepdim=True)  # (B,H,T,T,1)
+        diff = G[..., :, None, None] - G[..., None, :, None]
+        keep = torch.arange(T)[:, None, None] >= torch.arange(T)[None, :, None]
+        return (s * diff.masked_fill(~keep, -math.inf).exp() * v.unsqueeze(2)).sum(3)
+
+    def flattened(q, k, v, g, chunk_size):
+        B, H, T, _ = q.shape
+        G = g.cumsum(-1)
+        s = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1).reshape(B, H, T * T)  # one dim of T*T
+        keep = (torch.arange(T)[:, None] >= torch.arange(T)[None, :]).reshape(T * T)
+        diff = (G[..., :, None] - G[..., None, :]).reshape(B, H, T * T).masked_fill(~keep, -math.inf)
+        w = (s * diff.exp()).reshape(B, H, T, T)
+        return torch.stack([(w[:, :, r, :, None] * v).sum(2) for r in range(0, T)], 2) if T < 0 else \
+            (w.unsqueeze(-1) * v.unsqueeze(2)).sum(3)
+
+    for route in (trailing_dim, flattened):
+        msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
+        assert "T^2" in msg, msg
+
+
 def test_chunked_decay_ratio_of_products_fails():
     def ratios(q, k, v, g, chunk_size):  # e^G_r / e^G_s inside a chunk: overflows with strong decays
         B, H, T, Dk = q.shape
@@ -266,3 +295,14 @@ def test_recall_experiment(tmp_path, monkeypatch):
 
     for route in (values_first, capacity_rule, lambda rule, n_pairs, dim, seed: 1.0):
         failure("13-recall-capacity", route)
+
+
+def test_memory_recall_beta():
+    """The lesson's step-size sweep: beta = 1 is the default, small steps make the delta rule level with the plain
+    sum at N = 64, bad steps are refused."""
+    from attncourse.recall import memory_recall
+    assert memory_recall("delta", 32, 32, 0) == memory_recall("delta", 32, 32, 0, beta=1.0)
+    assert memory_recall("delta", 64, 32, 0, beta=0.1) > memory_recall("delta", 64, 32, 0)
+    for bad in (0.0, 1.5, "1"):
+        with pytest.raises(ValueError, match="beta"):
+            memory_recall("delta", 8, 8, 0, beta=bad)

@@ -226,3 +226,81 @@ def test_gate_package_source_and_code_object_refused(tmp_path, monkeypatch):
     for route in (rebuilt, space["moba_gate"]):
         msg, graded = refused("14-moba-gate", route, tmp_path, monkeypatch)
         assert "called" in msg and "called" in graded, msg
+
+
+# ----------------------------------------------------------------------------- review 4's routes, each refused
+
+
+def test_gate_token_scores_behind_an_inserted_dim_refused(tmp_path, monkeypatch):
+    """Every query-key score as a (B, H, T, 1, T) or (B, H, T, D, T) tensor (no two adjacent dims of size T), then
+    block means of the scores (equal to the query times the mean key, by linearity): refused."""
+    def inserted_dim(query, key, block_size, top_k):
+        b, h, t, d = query.shape
+        kk = key.repeat_interleave(h // key.shape[1], dim=1)
+        s = (query.unsqueeze(-1) * kk.transpose(-2, -1).unsqueeze(2)).sum(-2, keepdim=True)  # (B,H,T,1,T)
+        nb = -(-t // block_size)
+        gate = torch.cat([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
+        own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
+        rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+        return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+
+    msg, graded = refused("14-moba-gate", inserted_dim, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+
+
+def test_gate_short_last_block_never_decides():
+    """The exercise text no longer asks for the short last block's mean: a causal gate never ranks that block (it is
+    only ever its own queries' block). Shown here: a zero-padded mean gives the package's selection exactly."""
+    from attncourse.learned_sparse import moba_gate
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 1, 2, 37, 8, generator=gen, dtype=torch.float64).unbind(0)
+    nb = -(-37 // 6)
+    padded = torch.cat([k, k.new_zeros(1, 2, nb * 6 - 37, 8)], 2).view(1, 2, nb, 6, 8).sum(3) / 6
+    gate = q @ padded.transpose(-2, -1)
+    own, blocks = torch.arange(37)[:, None] // 6, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+    assert torch.equal((rank < 1) & (blocks < own) | (blocks == own), moba_gate(q, k, 6, 2))
+    text = nbformat.read(ROOT / "solutions/14_learned_sparse_attention.ipynb", 4).cells[2].source
+    assert "its mean is over the keys it holds" not in text
+
+
+def test_bug_dense_on_laundered_copies_refused(tmp_path, monkeypatch):
+    """Dense masked attention on copies of K and V that escape read tracking (an exempt 'sum' over a singleton dim
+    for K, block-sized slices concatenated for V): refused by the property, without finding the bug."""
+    def laundered(q, k, v, block, top_k):
+        h, t, d = q.shape
+        kc = k.unsqueeze(0).sum(0)
+        vc = torch.cat([v[:, i:i + block] for i in range(0, t, block)], 1)
+        nb = -(-t // block)
+        gate = q @ torch.stack([kc[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1).transpose(-2, -1)
+        own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
+        rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+        sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
+        allowed = sel.repeat_interleave(block, dim=-1)[..., :t] & torch.ones(t, t, dtype=torch.bool).tril()
+        s = (q @ kc.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, -math.inf)
+        m0 = q.new_full((h, t), -math.inf)
+        st = online_attention_update(AttentionState(m0, torch.zeros_like(m0), q.new_zeros(h, t, v.shape[-1])), s, vc)
+        return finalize_attention_state(st)[0]
+
+    msg, graded = refused("14-find-the-bug-1", laundered, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+    assert "dense attention" in msg, msg
+
+
+def test_recall_every_query_behind_an_inserted_dim_refused(tmp_path, monkeypatch):
+    """The whole gate for all 256 queries as (n, 256, 1, 16), then the last row kept: refused."""
+    def inserted_dim(seed, top_k):
+        n, t, d, block = 64, 256, 32, 16
+        gen = torch.Generator().manual_seed(seed)
+        q, k = torch.randn(n, 1, t, d, generator=gen), torch.randn(n, 1, t, d, generator=gen)
+        pos, rows = torch.randint(0, t - block, (n,), generator=gen), torch.arange(n)
+        k[rows, 0, pos] += q[:, 0, -1]
+        means = k[:, 0].view(n, t // block, block, d).mean(2)
+        gate = (q[:, 0].unsqueeze(-1) * means.transpose(1, 2).unsqueeze(1)).sum(2, keepdim=True)[:, -1]
+        own, blocks = torch.arange(t)[:, None] // block, torch.arange(t // block)[None, :]
+        rank = gate.masked_fill(blocks >= own[-1:], -math.inf).argsort(-1, descending=True).argsort(-1)
+        sel = ((rank < top_k - 1) & (blocks < own[-1:]) | (blocks == own[-1:]))[:, 0]
+        return float(sel[rows, pos // block].float().mean())
+
+    msg, graded = refused("14-selection-recall", inserted_dim, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg

@@ -40,19 +40,46 @@ def _work(run) -> int:
     return sum((run.trace or {}).get("counts", {}).values()) + (run.trace or {}).get("dropped", 0)
 
 
+def _elements(run) -> int:
+    """How many tensor elements the answer's operators took in, whatever their layout (the work it did)."""
+    total = 0
+    for _name, _launch, _helper, tensors in (run.trace or {}).get("ops", []):
+        for _label, _offset, shape, _stride in tensors:
+            n = 1
+            for d in shape:
+                n *= int(d)
+            total += n
+    return total
+
+
 def _chunk_by_chunk(runs) -> str | None:
     """Only the state crosses a chunk boundary: no tensor relates more than a chunk of positions to a chunk or
-    more of others (no (T, T) scores, no chunk of queries against all earlier keys), and the work does not grow
-    with the tokens per chunk (no loop over tokens)."""
+    more of others (no (T, T) scores, no chunk of queries against all earlier keys, in any layout), the elements
+    the operators take in grow linearly with T at a fixed chunk size, and the work does not grow with the tokens
+    per chunk (no loop over tokens)."""
     for run in runs:
-        T, chunk, _ = _chunks(run)
+        T, chunk, n = _chunks(run)
         for name, _launch, _helper, tensors in (run.trace or {}).get("ops", []):
             for _label, _offset, shape, _stride in tensors:
-                dims = sorted(shape[-2:], reverse=True)  # the matrix an operator works on; leading dims batch it
-                if len(dims) == 2 and dims[0] > chunk and dims[1] >= chunk:
+                dims = sorted(shape[-2:], reverse=True)  # the matrix an operator works on (other layouts: see below)
+                if len(dims) == 2 and dims[0] > chunk and dims[1] >= chunk and dims[0] > n:
                     return (f"case '{run.case.name}': your code ran {name.split('::')[-1]} on a tensor of shape "
                             f"{tuple(shape)}: it relates more than a chunk ({chunk}) of positions to a chunk or more "
                             "of others, so its cost grows as T^2; carry the state from chunk to chunk instead")
+    by_size = {}
+    for run in runs:
+        T, chunk, _ = _chunks(run)
+        if (run.trace or {}).get("dropped", 0):
+            return (f"case '{run.case.name}': your code ran more than 20000 PyTorch operations for {T} tokens; "
+                    "treat each chunk as a whole")
+        by_size.setdefault(chunk, []).append((T, _elements(run)))
+    for chunk, rows in by_size.items():
+        (t_few, e_few), (t_many, e_many) = min(rows), max(rows)
+        if t_many >= 4 * t_few and e_many > (t_many / t_few) ** 1.5 * max(e_few, 1):
+            return (f"with chunks of {chunk}, your code's operators take in {e_many} tensor elements for {t_many} "
+                    f"tokens and {e_few} for {t_few}: {e_many / max(e_few, 1):.0f} times as much for "
+                    f"{t_many // t_few} times the tokens, so its cost grows as T^2 (some tensor relates every "
+                    "position to every other, however it is shaped); carry the state from chunk to chunk instead")
     by_chunks = {}
     for run in runs:
         T, _, n = _chunks(run)
@@ -140,7 +167,7 @@ _shortcut_decay_mask = _with_package_mask(lambda gc: la.decay_mask(gc), "_shortc
 _PACKAGE_FORMS = tuple(f"attncourse.linear_attention.{name}" for name in (
     "chunked", "parallel", "recurrent", "recurrent_step", "decay_mask", "segsum", "ssm_scan", "_decayed_products"))
 
-_CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8))  # (T, chunk): 4, 4, 4, 3, 1 chunks
+_CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8), (128, 8))  # (T, chunk): 4, 4, 4, 3, 1, 16 chunks
 
 
 @exercise("13-chunked-decay", "chunked_decay_attention", points=3, category="implement",
@@ -148,8 +175,10 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8))  # (T, chunk): 4
           shortcuts=(_shortcut_chunked, _shortcut_parallel, _shortcut_segsum, _shortcut_decay_mask),
           prop=_chunk_by_chunk,
           breakers=(_breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
-          prop_doc="chunkwise: no tensor relates more than a chunk of positions to a chunk or more of others, and the "
-                   "operator count does not grow with the tokens per chunk (T = 32, 64, 128 in 4 chunks)",
+          prop_doc="chunkwise: no tensor relates more than a chunk of positions to a chunk or more of others (in any "
+                   "layout: the elements the operators take in grow linearly in T at a fixed chunk size, T = 32 and "
+                   "128 in chunks of 8), and the operator count does not grow with the tokens per chunk (T = 32, 64, "
+                   "128 in 4 chunks)",
           title="Decayed linear attention, chunk by chunk",
           hint="inside a chunk, the decay from token s to token r is the exponential of a difference of cumulative "
                "sums of g (taken inside the chunk); the state from earlier chunks reaches token r decayed by the "
@@ -194,7 +223,8 @@ def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
           forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_chunk_by_chunk,
           breakers=(_breaker_gdn_token_loop,),
-          prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor, and the operator count "
+          prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor in any layout (the "
+                   "elements the operators take in grow linearly in T at a fixed chunk size), and the operator count "
                    "does not grow with the tokens per chunk",
           bug_words=("query is not decayed", "queries are not decayed", "undecayed query", "undecayed queries",
                      "decay the queries", "decay the query", "decayed query", "missing decay", "decay is missing",

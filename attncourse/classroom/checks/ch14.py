@@ -35,15 +35,22 @@ def _op(name: str) -> str:
 
 
 def _no_token_scores(runs) -> str | None:
-    """No (T, T) tensor of query-key scores is ever formed: no operator receives a tensor with two adjacent dims of
-    size T, and no matrix product multiplies two operands that both run over the T tokens."""
+    """No (T, T) tensor of query-key scores is ever formed, in any layout: no operator receives a tensor with two
+    dims of size T (wherever they sit, singleton dims between them or not) or with as many elements as B*H*T*T where
+    no gate tensor could be that large, and no matrix product multiplies two operands that both run over the T
+    tokens."""
     for run in runs:
-        t = run.case.args[0].shape[-2]
+        query, key = run.case.args[0], run.case.args[1]
+        b, h, t, d = query.shape
+        nb = -(-t // run.case.args[2])
         for name, _launch, _helper, tensors in run.trace["ops"]:
             for _label, _off, shape, _stride in tensors:
-                if any(a == t and b == t for a, b in zip(shape, shape[1:])):
+                numel = math.prod(int(x) for x in shape)
+                quadratic = numel >= b * h * t * t > 2 * b * h * t * nb * max(d, 1)
+                if list(shape).count(t) >= 2 or quadratic:
                     return (f"case '{run.case.name}': an operator ({_op(name)}) received a tensor of shape {shape}, "
-                            f"a T x T = {t} x {t} grid: the gate scores blocks, one summary per block, never single keys")
+                            f"which holds a T x T = {t} x {t} grid of scores: the gate scores blocks, one summary per "
+                            "block, never single keys")
             if _MATMUL.match(_op(name)) and len(tensors) >= 2 and all(t in shape for _l, _o, shape, _s in tensors[-2:]):
                 return (f"case '{run.case.name}': a matrix product ({_op(name)}) multiplied two operands that both run "
                         f"over the {t} tokens: that is the T x T score matrix the gate exists to avoid")
@@ -88,7 +95,7 @@ def _shortcut_pool(query, key, block_size, top_k):
           prop_doc="the gate never forms a T x T score grid: no operator receives one, no matrix product runs over "
                    "the tokens on both sides (from the trace)",
           title="MoBA's block gate: choose each query's key blocks from one summary per block",
-          hint="summarise each block of keys by one vector first (mind the last block, which may be short), score "
+          hint="summarise each block of keys by one vector first (T need not be a multiple of block_size), score "
                "every query against the summaries of its own KV head, and choose only among the blocks that lie "
                "wholly before the query's own block; the own block is always kept and counts towards top_k")
 def _moba_gate_cases():
@@ -101,6 +108,7 @@ def _moba_gate_cases():
         "grouped heads: H=4 over Hkv=2, T=44, blocks of 5, top 4": (2, 4, 2, 44, 8, 5, 4),
         "top_k larger than the blocks: every earlier block (T=30, blocks of 7, top 9)": (1, 3, 1, 30, 8, 7, 9),
         "top_k = 1: the own block only (T=27, blocks of 4)": (1, 2, 1, 27, 8, 4, 1),
+        "a long sequence: T=512, blocks of 64, top 3": (1, 1, 1, 512, 4, 64, 3),
     }.items():
         q = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
         k = torch.randn(b, hkv, t, d, generator=gen, dtype=torch.float64)
@@ -122,8 +130,14 @@ def _budgeted_reads(runs) -> str | None:
             budget += min(top_k, i // block + 1) * block
         budget *= h
         read = {"arg1": 0, "arg2": 0}
+        span = top_k * block  # the most keys one query's selection holds
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op(name)
+            for _label, _off, shape, _stride in tensors:
+                if sum(1 for x in shape if x > span) >= 2:  # (H, T, T) scores or a (T, T) mask, on copies or not
+                    return (f"case '{run.case.name}': an operator ({op}) received a tensor of shape {tuple(shape)}, "
+                            f"queries against more keys than a selection of {top_k} blocks of {block} holds: that is "
+                            "dense attention; the loop scores each query against its selected blocks only")
             if _NO_READ.match(op):
                 continue
             for label, off, shape, stride in tensors:
@@ -271,7 +285,7 @@ def _last_query_only(runs) -> str | None:
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op(name)
             for _label, _off, shape, _stride in tensors:
-                grid = any({a, b} == {t, nb} for a, b in zip(shape, shape[1:]))
+                grid = (t in shape and nb in shape) or t * nb in shape  # in any layout
                 if grid or (_MATMUL.match(op) and t in shape):
                     return (f"case '{run.case.name}': an operator ({op}) received a tensor of shape {shape}, one row "
                             f"per position: the measurement needs the last query's {nb} block scores only")
