@@ -219,7 +219,7 @@ def test_ring_bytes_prediction(tmp_path, monkeypatch):
         block = batch * n_kv_heads * (seq_len // world_size) * head_dim * bytes_per_element
         return 4 * (world_size - 1) * block, 6 * (world_size - 1) * block
 
-    with pytest.raises(checks.CheckFailed, match="wrong"):
+    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
         checks.check("11-ring-bytes", forward_twice)
 
 

@@ -121,7 +121,7 @@ def test_prediction_refuses_the_package(tmp_path, monkeypatch):
     def no_norm(layer_a, layer_b, d_model, n_heads):  # forgets the per-head norm's gain
         return worked(layer_a, layer_b, d_model, n_heads)[:2] + (4 * d_model * d_model + 4 * d_model // (2 * n_heads),)
 
-    with pytest.raises(checks.CheckFailed, match="wrong: parameter count"):
+    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
         checks.check("12-predict", no_norm)
 
 

@@ -83,12 +83,15 @@ def site() -> Path:
 @pytest.fixture(scope="module")
 def pages(site) -> dict[Path, Page]:
     parsed = {}
-    for path in site.rglob("*.html"):
-        if path.relative_to(site).parts[0] == "_static":  # the theme's template fragments, not pages
-            continue
-        page = Page()
-        page.feed(path.read_text(encoding="utf-8"))
-        parsed[path] = page
+    # read under the build's lock (shared): the browser tests' worker may rebuild the same folder meanwhile
+    with open(ROOT / "build" / "site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        for path in site.rglob("*.html"):
+            if path.relative_to(site).parts[0] == "_static":  # the theme's template fragments, not pages
+                continue
+            page = Page()
+            page.feed(path.read_text(encoding="utf-8"))
+            parsed[path] = page
     return parsed
 
 
