@@ -118,6 +118,26 @@ def sources(root: Path = ROOT) -> list[tuple[str, Path]]:
     return [(folder, path) for folder in KINDS for path in sorted((root / folder).glob("*.ipynb"))]
 
 
+DATA_DIRS = ("results", "data")  # what lessons read by a relative path (stored runs, measurements)
+
+
+def _link_data(root: Path, work: Path, available: set[str]) -> None:
+    """The copies open files such as ``results/induction_runs.pt`` relative to their own folder: give each copied
+    folder a link to the course's data folders (a copy where links are not allowed)."""
+    import shutil
+
+    for folder in sorted(available):
+        for name in DATA_DIRS:
+            src, dst = root / folder / name, work / folder / name
+            if not src.is_dir() or dst.exists() or dst.is_symlink():
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                dst.symlink_to(Path("..") / ".." / folder / name, target_is_directory=True)
+            except OSError:  # e.g. Windows without the right to make links
+                shutil.copytree(src, dst)
+
+
 def prepare(root: Path = ROOT, out=None) -> dict[str, list[str]]:
     """Create the missing copies and bring the untouched ones up to date; never change an edited copy.
     Returns ``{"created": [...], "updated": [...], "kept": [...]}`` (paths relative to the course root;
@@ -152,6 +172,7 @@ def prepare(root: Path = ROOT, out=None) -> dict[str, list[str]]:
         else:
             done["kept"].append(f"{WORK}/{rel}")
     work.mkdir(exist_ok=True)
+    _link_data(root, work, available)
     _save_state(work, state)
     if done["created"]:
         print(f"== {len(done['created'])} notebook(s) copied into {WORK}/: your own copies (JupyterLab saves your "
