@@ -50,6 +50,7 @@ def test_init_width_needs_both_halves_of_the_matrix():
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
 from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
+from exercise_routes import whole_prediction_messages  # noqa: E402
 
 
 def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
@@ -134,48 +135,8 @@ def test_init_width_refuses_the_checks_reference(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- a prediction is judged whole
 
 
-def _one_part_wrong(expected, i):
-    """`expected` with only part `i` changed (a shape gets one more row, a count one more, None becomes 0)."""
-    if isinstance(expected, dict):
-        key = list(expected)[i]
-        v = expected[key]
-        return {**expected, key: 0 if v is None else v + 1}
-    parts = list(expected)
-    parts[i] = (parts[i][0] + 1, *parts[i][1:])
-    return tuple(parts)
-
-
-def _whole_prediction_messages(exercise_id, tmp_path, monkeypatch):
-    """What the check cell and the grader say to each answer with one part wrong, and to one with every part wrong:
-    the same words every time (nothing tells which part differs), none of them a part's name."""
-    ex = checks.get(exercise_id)
-    (case,) = ex.make_cases()
-    expected = case.expected
-    answers = [_one_part_wrong(expected, i) for i in range(len(expected))]
-    every = expected
-    for i in range(len(expected)):
-        every = _one_part_wrong(every, i)
-    answers.append(every)
-    said = set()
-    for answer in answers:
-        try:
-            checks.check(exercise_id, answer)
-            raise AssertionError(f"{exercise_id} accepted the wrong prediction {answer!r}")
-        except checks.CheckFailed as err:
-            cell = str(err)
-        reply = {"status": "ok", "results": [("ok", checks.to_portable(answer))]}
-        status, graded = judge(ex, [case], reply)
-        assert status == "failed", (status, graded)
-        said.add(cell.split("\n", 1)[1])  # past the first line (the exercise and the case)
-        for name in (ex.parts or [str(k) for k in expected]):
-            assert f"wrong: {name}" not in cell and f"wrong: {name}" not in graded, cell
-        assert "other parts are right" not in cell + graded
-    assert len(said) == 1, said  # one message for every wrong answer: guessing part by part learns nothing
-    return said.pop()
-
-
 def test_parameter_counts_are_judged_whole(tmp_path, monkeypatch):
-    said = _whole_prediction_messages("02-parameter-counts", tmp_path, monkeypatch)
+    said = whole_prediction_messages("02-parameter-counts", tmp_path, monkeypatch)
     assert "not right" in said
     with pytest.raises(checks.CheckFailed, match="no entry for 'concat'"):  # the form is still explained
         checks.check("02-parameter-counts", {"dot": None, "general": 1, "additive": 2})
