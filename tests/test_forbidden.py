@@ -259,6 +259,34 @@ def test_numpy_alone_refuses_any_pytorch_operation(exercise, verdicts):
     assert passed(verdicts(ex, by_numpy))
 
 
+def test_a_rule_in_plain_python_refuses_numpy_by_every_usual_route(exercise, verdicts):
+    """ops=("torch", "numpy"): a prediction written as a rule may not measure with NumPy either."""
+    import math
+
+    import numpy as np
+
+    def cases():
+        return [checks.Case("three sizes", (3,), expected=6), checks.Case("five sizes", (5,), expected=15)]
+
+    ex = exercise(cases, (), kind="function", ops=("torch", "numpy"), allow=())
+
+    def rule(n):
+        return n * (n + 1) // 2 + 0 * math.floor(0.5)
+
+    routes = {
+        "numpy.arange": lambda n: int(np.arange(1, n + 1).sum()),
+        "numpy.array": lambda n: int(np.array(range(1, n + 1)).sum()),
+        "numpy.ndarray.sum": lambda n: int(np.exp([0.0] * n).sum() * (n + 1) / 2),  # a ufunc's result, then a method
+        "numpy._core.einsumfunc": lambda n: int(np.einsum("i->", list(range(1, n + 1)))),
+        "torch.arange": lambda n: int(torch.arange(1, n + 1).sum()),
+    }
+    for name, route in routes.items():
+        cell, (status, message) = verdicts(ex, route)
+        assert cell is not None and f"called {name}" in cell and status == "failed", (name, cell, status)
+        assert "plain Python" in cell or "PyTorch" in cell
+    assert passed(verdicts(ex, rule))
+
+
 def test_a_stream_can_be_read_once_and_forgets_its_chunks():
     x = torch.arange(10.0)
     seen = []

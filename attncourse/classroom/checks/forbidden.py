@@ -53,15 +53,18 @@ FAMILIES = {
     "softmax": re.compile(r"^((safe|masked|sparse|log|sparse_log)_)?softmax|^softmin|^gumbel_softmax"),
     "logsumexp": re.compile(r"^(logsumexp|logaddexp2?|logcumsumexp)"),
     "torch": re.compile(r"."),  # any operator: an answer that must use NumPy alone
+    "numpy": re.compile(r"(?!)"),  # no PyTorch operator: NumPy itself, for an answer that is a rule in plain Python
 }
 WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
-         "torch": "a PyTorch operation (this exercise asks for NumPy alone)"}
+         "torch": "a PyTorch operation (this exercise asks for NumPy alone)",
+         "numpy": "NumPy (this answer is a rule written in plain Python)"}
 # Families whose whole job other libraries would do: their code is refused with the family.
 PACKAGES = {
     "attention": ("flash_attn", "xformers", "transformers", "jax", "tensorflow", "keras", "einx"),
     "softmax": ("scipy", "sklearn", "jax", "tensorflow", "keras"),
     "logsumexp": ("scipy", "sklearn", "jax", "tensorflow", "keras"),
     "torch": ("scipy", "sklearn", "jax", "tensorflow", "keras", "torch"),
+    "numpy": ("numpy", "scipy", "sklearn", "jax", "tensorflow", "keras", "pandas", "numba", "cupy"),
 }
 # PyTorch operators that only move or describe data: never an "operation" for a trace's arithmetic count.
 DATA_OPS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|slice|select|unsqueeze|squeeze|"
@@ -186,6 +189,30 @@ def genuine(obj, top):
     if module is None:
         module = getattr(getattr(obj, "__self__", None), "__name__", None)
     return isinstance(module, str) and module.split(".")[0] == top
+
+
+def _of_numpy(obj):
+    """Whether builtin `obj` is NumPy's: a function of a NumPy module, or a method of a NumPy object (an array, a
+    scalar, a ufunc's ``reduce``, a random generator). A ufunc called directly (``np.exp(x)``) is not a builtin and
+    raises no profile event: it is seen only when its result is used through a method or a NumPy function."""
+    module = getattr(obj, "__module__", None)
+    if isinstance(module, str) and module.split(".")[0] == "numpy":
+        return True
+    owner = getattr(obj, "__self__", None)
+    if owner is None:
+        owner = getattr(obj, "__objclass__", None)
+        return owner is not None and (getattr(owner, "__module__", None) or "").split(".")[0] == "numpy"
+    if type(owner).__name__ == "module":
+        return (getattr(owner, "__name__", None) or "").split(".")[0] == "numpy"
+    return (getattr(type(owner), "__module__", None) or "").split(".")[0] == "numpy"
+
+
+def _spell_numpy(obj):
+    owner = getattr(obj, "__self__", None)
+    name = getattr(obj, "__name__", "?")
+    if owner is not None and type(owner).__name__ != "module":
+        return f"numpy.{type(owner).__name__}.{name}"
+    return f"numpy.{name}"
 
 
 def spellings(dotted):
@@ -574,7 +601,9 @@ class Guard:
                     self._hit(f"{module}.{qual}", self._where(frame.f_back))
             elif kind == "package":
                 if not self._inside_allowed(frame.f_back):
-                    self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
+                    pkg = _place(code)[len("package:"):]
+                    fam = next((f for f in self.families if pkg in PACKAGES.get(f, ())), None)
+                    self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back), fam)
             elif kind == "torch" and frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" \
                     and any(e in code.co_name for e in ESCAPES):
                 self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
@@ -629,6 +658,8 @@ class Guard:
                 fam = family_of(name, self.families) if name else None
                 if fam is not None and (fam != "torch" or genuine(arg, "torch")):
                     self._hit(_spell(arg), self._where(frame), fam)
+                elif "numpy" in self.families and _of_numpy(arg):  # np.array, np.zeros, an array's methods
+                    self._hit(_spell_numpy(arg), self._where(frame), "numpy")
         if self.previous is not None:
             self.previous(frame, event, arg)
 
