@@ -75,11 +75,14 @@ def test_raising_looping_and_dying_submissions(tmp_path):
         answer_cell(nb, "03-sdpa-numpy").source = "def attention_numpy(Q, K, V):\n    raise ValueError('oops')\n"
         answer_cell(nb, "03-masked-attention").source = "def masked_attention(q, k, v, keep):\n    while True:\n        pass\n"
         answer_cell(nb, "03-predict-shapes").source = "while True:\n    pass\n"
+        nb.cells.insert(3, nbformat.v4.new_code_cell("while True:\n    pass  # a learner's own slow cell"))
 
     result = grade.grade_notebook(submission(tmp_path, "03_broken.ipynb", edit), cell_timeout=10)
     st = statuses(result)
     assert st["03-sdpa-numpy"] == "error" and "ValueError: oops" in result.exercises[0].message
     assert st["03-masked-attention"] == "timeout"
+    looped = next(e for e in result.exercises if e.id == "03-masked-attention")
+    assert "masked_attention did not return within" in looped.message and " on case “" in looped.message, looped
     # its cell was interrupted, so the name was never defined: said so, with the cell as JupyterLab numbers it
     nb = nbformat.read(tmp_path / "03_broken.ipynb", as_version=4)
     where = next(i for i, c in enumerate(nb.cells)
@@ -89,6 +92,8 @@ def test_raising_looping_and_dying_submissions(tmp_path):
     assert f"never defined: its cell, cell {where + 1} of {len(nb.cells)}, ran over 10 s and was interrupted" in predict.message
     assert st["03-find-the-bug-1"] == "passed" and st["03-variance-experiment"] == "passed"
     assert f"cell {where + 1} of {len(nb.cells)} ran over 10 s and was interrupted" in result.message
+    assert f"cell {where + 1} of {len(nb.cells)} ran over 10 s and was interrupted (" not in result.message
+    assert f"cell 4 of {len(nb.cells)} ran over 10 s and was interrupted (it holds no graded answer" in result.message
 
     def die(nb):
         nb.cells.insert(3, nbformat.v4.new_code_cell("import os\nos._exit(1)"))

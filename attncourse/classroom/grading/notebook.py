@@ -83,7 +83,10 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
                         break
                     limit = session.limit()
                     if not execute(client, cell, index, limit):
-                        notes.append(f"{cell_name(index, nb)} ran over {limit:g} s and was interrupted")
+                        graded = str(cell.metadata.get("nbgrader", {}).get("grade_id", "")).endswith("-answer")
+                        notes.append(f"{cell_name(index, nb)} ran over {limit:g} s and was interrupted" + (
+                            "" if graded else " (it holds no graded answer: the exercises were graded without it; "
+                            "on a slow or busy machine, a longer --cell-timeout lets it finish)"))
                         stopped.append((index, f"ran over {limit:g} s and was interrupted"))
                     cell.outputs = []
                 run_extra(client, KERNEL_SIDE, cell_timeout)

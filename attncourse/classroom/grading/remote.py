@@ -62,7 +62,8 @@ def __attncourse_make(guard_source, salt_source):
         if not callable(answer):
             torch.save({"status": "not callable", "type": type(answer).__name__}, results_path); return
         results = []
-        for args, kwargs in torch.load(inputs_path, weights_only=True):
+        for index, (args, kwargs) in enumerate(torch.load(inputs_path, weights_only=True)):
+            with open(results_path + ".at", "w") as at: at.write(str(index))  # which case, if the time limit stops it
             if numpy_args:
                 as_np = lambda a: a.numpy() if isinstance(a, torch.Tensor) else a
                 args = tuple(as_np(a) for a in args)

@@ -106,6 +106,18 @@ def run_extra(client, source: str, cell_timeout: float) -> tuple[nbformat.Notebo
     return cell, finished
 
 
+def _timeout_message(ex: checks.Exercise, limit: float, at: Path, names: list[str] | None) -> str:
+    """What a student reads when the time limit stopped their answer: which function, on which case."""
+    try:
+        index = int(at.read_text())
+    except (OSError, ValueError):
+        index = None
+    if ex.kind == "value" or index is None:
+        return f"checking took longer than {limit:g} s"
+    case = f" on case {names[index]}" if names and 0 <= index < len(names) else ""
+    return f"{ex.target} did not return within {limit:g} s{case} (an endless loop, or far more work than it needs?)"
+
+
 class Session:
     """One student kernel, and the calls the grader makes into it."""
 
@@ -116,18 +128,21 @@ class Session:
     def limit(self) -> float:
         return max(1.0, min(self.cell_timeout, self.deadline - time.monotonic()))
 
-    def call(self, ex: checks.Exercise, inputs: list, tag: str, salt: int | None = None) -> dict:
+    def call(self, ex: checks.Exercise, inputs: list, tag: str, salt: int | None = None,
+             names: list[str] | None = None) -> dict:
         """Run ex's target on `inputs` in the kernel (seeds mixed with `salt`); the reply dict, or raise
-        StudentCall."""
+        StudentCall. `names` label the inputs in a timeout's message (which case the answer did not return on)."""
         if time.monotonic() > self.deadline:
             raise StudentCall("timeout", "the notebook's time limit was reached before this check ran")
         src, out = self.tmp / f"{ex.id}.{tag}.in.pt", self.tmp / f"{ex.id}.{tag}.out.pt"
         torch.save(inputs, src)
         out.unlink(missing_ok=True)
+        at = Path(str(out) + ".at")
+        at.unlink(missing_ok=True)
         limit = self.limit()
         cell, finished = run_extra(self.client, kernel_call(src, out, ex, salt), limit)
         if not finished:
-            raise StudentCall("timeout", f"checking took longer than {limit:g} s")
+            raise StudentCall("timeout", _timeout_message(ex, limit, at, names))
         if not out.exists():
             errors = [o.get("evalue", "") for o in cell.outputs if o.get("output_type") == "error"]
             raise StudentCall("error", "the answer could not be evaluated" + (f": {errors[0][:300]}" if errors else ""))
@@ -149,7 +164,8 @@ class Session:
         with salted(self.salt):  # inputs and expected values the notebook has never seen
             cases = ex.make_cases()
         try:  # a dead or stuck kernel propagates: grade_notebook marks the rest of the notebook
-            reply = self.call(ex, [(tuple(c.args), dict(c.kwargs)) for c in cases], "cases", self.salt)
+            reply = self.call(ex, [(tuple(c.args), dict(c.kwargs)) for c in cases], "cases", self.salt,
+                              [checks.case_label(c) for c in cases])
         except StudentCall as err:
             return result(err.status, err.message)
         try:
