@@ -138,11 +138,18 @@ def test_release_readme_is_the_learners_and_links_only_what_it_holds(built):
     assert readme != (ROOT / "README.md").read_text(encoding="utf-8")
     assert "solutions/" not in readme and "./course test" not in readme and "shared/" not in readme
     assert "hidden tests" in readme and "./course check" in readme and "my-work/" in readme  # what to hand in
+    from attncourse.classroom.workspace import work_name
+
+    originals = {f"my-work/{folder}/{work_name(folder, p.name)}": p for folder in ("notebooks", "exercises")
+                 for p in (built / folder).glob("*.ipynb")}  # what ./course lab copies, and from where
     for target in re.findall(r"\]\(([^)#\s]+)", readme):
-        if not target.startswith("http"):
+        if target.startswith("my-work/"):
+            assert target in originals, f"the README links {target}, which ./course lab does not make"
+        elif not target.startswith("http"):
             assert (built / target).exists(), f"the README links {target}, which the release does not hold"
     lessons = sorted(p.name for p in (built / "notebooks").glob("*.ipynb"))
-    assert all(f"(notebooks/{name})" in readme for name in lessons)  # the chapter table, read from the lessons
+    assert all(f"(my-work/notebooks/{name})" in readme for name in lessons)  # the table links the learner's copies
+    assert "(my-work/exercises/03_exercises_scaled_dot_product_attention.ipynb)" in readme
     for path in sorted([*(built / "notebooks").glob("*.ipynb"), *(built / "exercises").glob("*.ipynb")]):
         for cell in nbformat.read(path, as_version=4).cells:
             assert "](../solutions/" not in cell.source, f"{path.name} links solutions/, absent from the release"

@@ -121,8 +121,9 @@ def chapter_table(root: Path) -> str:
         title = re.sub(r"^\d\d\s*[·:.-]\s*", "", title) or path.stem
         number = path.name[:2]
         exercise = root / "exercises" / path.name
-        lesson = f"[{title}](notebooks/{path.name})"
-        mine = f"`{WORK}/exercises/{work_name('exercises', path.name)}`" if exercise.exists() else ""
+        lesson = f"[{title}]({WORK}/notebooks/{path.name})"  # the learner's copy: the original stays as handed out
+        mine = work_name("exercises", path.name)
+        mine = f"[{mine}]({WORK}/exercises/{mine})" if exercise.exists() else ""
         rows.append(f"| {number} | {lesson} | {mine} |")
     return "\n".join(rows)
 

@@ -22,8 +22,8 @@ How a notebook is graded
     in its own kernel (the checker, ``attncourse``'s reference implementations, ``torch.testing``)
     cannot change the verdict. The student's function runs under the same call guard as the check cell
     (``attncourse.classroom.checks.forbidden``): an answer that calls a function its exercise forbids (the
-    library's own, under any name) fails. A wrong prediction is told which part is wrong, never the
-    expected value, in the console, the JSON and the feedback alike.
+    library's own, under any name) fails. A wrong prediction is told only that it is not right (never which
+    part, nor the expected value), in the console, the JSON and the feedback alike.
 
 Hidden tests
     ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks in the check cells of
