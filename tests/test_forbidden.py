@@ -287,6 +287,27 @@ def test_a_rule_in_plain_python_refuses_numpy_by_every_usual_route(exercise, ver
     assert passed(verdicts(ex, rule))
 
 
+def test_a_tensor_exercise_refuses_leaving_pytorch_for_numpy(exercise, verdicts):
+    """An implement exercise is judged by what it runs in PyTorch: NumPy would run the arithmetic unseen."""
+    import numpy as np
+
+    ex = exercise(softmax_cases, ())
+    assert "numpy" in ex.forbidden_ops
+
+    def in_numpy(x):
+        a = x.numpy()
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return torch.from_numpy(e / e.sum(-1, keepdims=True))
+
+    def as_array(x):
+        a = np.asarray(x)
+        return torch.from_numpy(np.exp(a) / np.exp(a).sum(-1, keepdims=True))
+
+    assert refused(verdicts(ex, in_numpy), "torch.Tensor.numpy")
+    assert refused(verdicts(ex, as_array), "numpy.asarray")
+    assert passed(verdicts(ex, lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)))
+
+
 def test_a_stream_can_be_read_once_and_forgets_its_chunks():
     x = torch.arange(10.0)
     seen = []

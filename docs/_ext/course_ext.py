@@ -153,7 +153,30 @@ class Signatures(SphinxDirective):
         return [block]
 
 
+_TITLE = re.compile(r"""(?:set_title|suptitle|title)\s*[(=]\s*f?(["'])(.+?)\1""")
+
+
+def _figure_alt(app, doctree, docname=None) -> None:
+    """A figure from a cell's output gets words for alt text (MyST-NB leaves it empty, and the HTML writer then
+    writes the image's hashed file name): the titles the cell's code gives its axes, else the section's title."""
+    for image in doctree.findall(nodes.image):
+        if image.get("alt") and image["alt"] != image.get("uri"):
+            continue
+        titles, section, parent = [], None, image.parent
+        while parent is not None:
+            if parent.get("nb_element") == "cell_code" and not titles:
+                code = "\n".join(b.astext() for b in parent.findall(nodes.literal_block))
+                titles = [m.group(2) for m in _TITLE.finditer(code)]
+            if isinstance(parent, nodes.section) and section is None:
+                section = parent.next_node(nodes.title)
+            parent = parent.parent
+        where = f" (section “{section.astext()}”)" if section is not None else ""
+        image["alt"] = ("Figure: " + "; ".join(dict.fromkeys(t.replace("{", "").replace("}", "") for t in titles))
+                        if titles else "A figure of the cell above") + where
+
+
 def setup(app):
+    app.connect("doctree-resolved", _figure_alt)  # after MyST-NB has chosen each output's image
     _mathjax_dir()  # fail early, before any page is read
     app.connect("build-finished", _copy_mathjax)
     app.connect("missing-reference", _missing_reference)

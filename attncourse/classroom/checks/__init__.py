@@ -149,10 +149,15 @@ class Exercise:
 
     @property
     def forbidden_ops(self) -> tuple[str, ...]:
-        """The operator families this exercise refuses: declared, else read off `forbid`."""
-        if self.ops is not None:
-            return tuple(self.ops)
-        return implied_ops(self.forbid, self.numpy)
+        """The operator families this exercise refuses: declared, else read off `forbid`; plus NumPy wherever the
+        answer is judged by what it runs in PyTorch (implement and bug exercises on tensors) or is a rule in plain
+        Python (a prediction written as a function): NumPy would run the same arithmetic where no trace sees it."""
+        families = tuple(self.ops) if self.ops is not None else implied_ops(self.forbid, self.numpy)
+        judged_by_trace = self.category in ("implement", "bug") and not self.numpy
+        rule = self.category == "predict" and self.kind == "function"
+        if (judged_by_trace or rule) and "numpy" not in families:
+            families += ("numpy",)
+        return families
 
     @property
     def policy(self) -> dict:

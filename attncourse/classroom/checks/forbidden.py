@@ -57,7 +57,7 @@ FAMILIES = {
 }
 WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
          "torch": "a PyTorch operation (this exercise asks for NumPy alone)",
-         "numpy": "NumPy (this answer is a rule written in plain Python)"}
+         "numpy": "NumPy (this answer is judged by what it runs in PyTorch, or is a rule in plain Python)"}
 # Families whose whole job other libraries would do: their code is refused with the family.
 PACKAGES = {
     "attention": ("flash_attn", "xformers", "transformers", "jax", "tensorflow", "keras", "einx"),
@@ -199,6 +199,8 @@ def _of_numpy(obj):
     if isinstance(module, str) and module.split(".")[0] == "numpy":
         return True
     owner = getattr(obj, "__self__", None)
+    if getattr(obj, "__name__", None) == "numpy" and type(owner).__module__.split(".")[0] == "torch":
+        return True  # tensor.numpy(): the way out of PyTorch (np.asarray(tensor) ends there too)
     if owner is None:
         owner = getattr(obj, "__objclass__", None)
         return owner is not None and (getattr(owner, "__module__", None) or "").split(".")[0] == "numpy"
@@ -211,7 +213,8 @@ def _spell_numpy(obj):
     owner = getattr(obj, "__self__", None)
     name = getattr(obj, "__name__", "?")
     if owner is not None and type(owner).__name__ != "module":
-        return f"numpy.{type(owner).__name__}.{name}"
+        top = (type(owner).__module__ or "numpy").split(".")[0]
+        return f"{top}.{'Tensor' if top == 'torch' else type(owner).__name__}.{name}"
     return f"numpy.{name}"
 
 
@@ -600,8 +603,9 @@ class Guard:
                     module = frame.f_globals.get("__name__", "?")
                     self._hit(f"{module}.{qual}", self._where(frame.f_back))
             elif kind == "package":
-                if not self._inside_allowed(frame.f_back):
-                    pkg = _place(code)[len("package:"):]
+                pkg = _place(code)[len("package:"):]
+                launched = pkg == "numpy" and self._launch_frames  # Triton's interpreter steps a kernel with NumPy
+                if not launched and not self._inside_allowed(frame.f_back):
                     fam = next((f for f in self.families if pkg in PACKAGES.get(f, ())), None)
                     self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back), fam)
             elif kind == "torch" and frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" \
