@@ -151,6 +151,8 @@ def test_lessons_keep_their_committed_outputs_and_math(site):
                    for o in c.get("outputs", []))
         html = (site / "notebooks" / f"{lesson.stem}.html").read_text(encoding="utf-8")
         assert html.count("<img") >= pngs, f"{lesson.name}: {pngs} committed figures, fewer <img> on its page"
+        for alt in re.findall(r'<img alt="([^"]*)"', html):  # words for a screen reader, not the hashed file name
+            assert alt.startswith(("Figure: ", "A figure of")) and not alt.endswith(".png"), (lesson.name, alt)
         has_math = any("$" in "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
         if has_math:
             assert "math notranslate" in html, f"{lesson.name}: its $...$ math is not marked up as math"

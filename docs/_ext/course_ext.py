@@ -171,8 +171,9 @@ def _figure_alt(app, doctree, docname=None) -> None:
                 section = parent.next_node(nodes.title)
             parent = parent.parent
         where = f" (section “{section.astext()}”)" if section is not None else ""
-        image["alt"] = ("Figure: " + "; ".join(dict.fromkeys(t.replace("{", "").replace("}", "") for t in titles))
-                        if titles else "A figure of the cell above") + where
+        titles = [" ".join(re.sub(r"\{[^{}]*\}", "…", t).replace("\\n", " ").split()) for t in titles]
+        image["alt"] = ("Figure: " + "; ".join(list(dict.fromkeys(titles))[:3]) if titles else
+                        "A figure of the cell above") + where
 
 
 def setup(app):
