@@ -308,6 +308,26 @@ def test_a_tensor_exercise_refuses_leaving_pytorch_for_numpy(exercise, verdicts)
     assert passed(verdicts(ex, lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)))
 
 
+def test_the_courses_code_copied_as_text_is_the_courses_code(exercise, verdicts):
+    """Pasted or exec'd, renamed, without its docstring or comments: a copy of a library function is refused;
+    code with its own structure is the learner's."""
+    import inspect
+    import re
+
+    source = inspect.getsource(attncourse.positions.alibi_slopes)
+    source = re.sub(r'""".*?"""', "pass", source, count=1, flags=re.S).replace("def alibi_slopes", "def mine")
+    source = re.sub(r"#.*", "", source)
+    for local in sorted(set(attncourse.positions.alibi_slopes.__code__.co_varnames) - {"n_heads"}):
+        source = re.sub(rf"\b{local}\b", local + "_x", source)
+    namespace = dict(vars(attncourse.positions))
+    exec(compile(source, "<pasted>", "exec"), namespace)
+    copy = namespace["mine"]
+    assert copy.__code__.co_varnames != attncourse.positions.alibi_slopes.__code__.co_varnames
+    ex = exercise(slope_cases, ())
+    assert refused(verdicts(ex, copy), "a copy of attncourse.positions.alibi_slopes")
+    assert passed(verdicts(ex, my_slopes))  # the same rule, written afresh
+
+
 def test_a_stream_can_be_read_once_and_forgets_its_chunks():
     x = torch.arange(10.0)
     seen = []

@@ -31,8 +31,10 @@ An exercise's policy (a plain dict, see :func:`policy`) says what the answer may
 
 Switching the watch off from inside the answer (``sys.setprofile``, popping a mode, disabling the dispatcher's
 Python key) is itself refused. The guard records; it does not raise, so the verdict does not depend on what the
-answer does with an exception. Code copied as text and executed afresh is the learner's own code: what runs is
-judged, and that is the learner's typing.
+answer does with an exception. Code that is the course's own, copied as text and run afresh (pasted into a cell,
+``exec(inspect.getsource(...))``, a module's file executed), is recognised by its bytecode, whatever its names for
+locals, docstring, comments or file: it counts as the course's code. Code typed afresh, with its own structure, is
+the learner's.
 """
 
 import importlib
@@ -41,6 +43,7 @@ import os
 import re
 import sys
 import sysconfig
+import types
 
 TORCH_SPELLINGS = ("torch.{}", "torch.Tensor.{}", "torch.nn.functional.{}", "torch.special.{}")
 LIBRARY = "attncourse"
@@ -161,6 +164,75 @@ def _package_dirs(top):
             locations = [os.path.dirname(spec.origin)]
         _DIRS[top] = tuple(os.path.realpath(d) for d in locations)
     return _DIRS[top]
+
+
+# --- the course's code copied as text: recognised by what it compiles to
+_COPY_MIN_BYTES = 64  # smaller bodies (a one-line helper) are too generic to call a copy
+_COPY_MIN_ITEMS = 8  # names and constants together: below that, two functions may share them by chance
+_PRINTS = {}  # top -> ({fingerprint: dotted name}, names of the modules walked)
+
+
+def _print(code):
+    """A code object's fingerprint: the global and attribute names it uses, in order, its constants (nested code
+    by fingerprint, the docstring left out) and its signature. Not its file, lines, local names or the exact
+    bytecode (Python compiles a method call differently when the module imports its object), so a copy pasted or
+    exec'd elsewhere, locals renamed, has the same fingerprint."""
+    consts = code.co_consts
+    if code.co_name != "<module>" and consts and isinstance(consts[0], str):
+        consts = consts[1:]  # the docstring (without one, Python puts None first)
+    consts = tuple(c for c in consts if c is not None)
+    norm = tuple(_print(c) if isinstance(c, types.CodeType) else
+                 c.rsplit("<locals>.", 1)[-1] if isinstance(c, str) else  # a nested function's qualified name
+                 c if isinstance(c, (int, float, complex, bytes, bool, type(None), tuple, frozenset)) else
+                 type(c).__name__ for c in consts)
+    try:
+        return hash((code.co_names, norm, code.co_argcount, code.co_kwonlyargcount,
+                     len(code.co_varnames), code.co_flags & 0x3FF))  # not the __future__ flags of its file
+    except TypeError:
+        return None
+
+
+def _copyable(code):
+    return len(code.co_code) >= _COPY_MIN_BYTES and len(code.co_names) + len(code.co_consts) >= _COPY_MIN_ITEMS
+
+
+def _library_prints(top):
+    """{fingerprint: dotted name} of the function bodies of package `top`'s loaded modules (their functions, the
+    methods of their classes, and what those define inside), extended as more modules load."""
+    prints, walked = _PRINTS.setdefault(top, ({}, set()))
+
+    def walk(code, dotted):
+        if _copyable(code):
+            key = _print(code)
+            if key is not None:
+                prints.setdefault(key, dotted)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const, f"{dotted}.<locals>.{const.co_name}")
+
+    def visit(obj, dotted, module, depth=0):
+        obj = getattr(obj, "__func__", obj)
+        obj = getattr(obj, "__wrapped__", obj)
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType):
+            if _in_package(code.co_filename, top):
+                walk(code, dotted)
+        elif isinstance(obj, property):
+            for part in (obj.fget, obj.fset, obj.fdel):
+                if part is not None:
+                    visit(part, dotted, module, depth)
+        elif isinstance(obj, type) and depth < 2 and getattr(obj, "__module__", None) == module:
+            for name, value in list(vars(obj).items()):
+                visit(value, f"{dotted}.{name}", module, depth + 1)
+
+    for module in _package_modules(top):
+        name = getattr(module, "__name__", None)
+        if name in walked:
+            continue
+        walked.add(name)
+        for attr, value in list(vars(module).items()):
+            visit(value, f"{name}.{attr}", name)
+    return prints
 
 
 _INSIDE = {}
@@ -441,6 +513,8 @@ class Guard:
         self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0}
         self.labels = {}
         self._kinds = {}
+        self.copies = {}
+        self._allowed_prints = {_print(code) for code in self._keep}  # a copy of an allowed helper is allowed too
         self._allowed_frames = set()
         self._launch_frames = set()
         self.root = None
@@ -460,6 +534,12 @@ class Guard:
 
     def _classify(self, code):
         place = _place(code)
+        if place in ("learner", "other") and self.library and _copyable(code):
+            key = _print(code)
+            original = _library_prints(self.library).get(key)
+            if original is not None and key not in self._allowed_prints:  # the course's code, copied as text
+                self.copies[code] = original
+                return "copy"
         if place == "library":
             if code.co_name == "<module>":
                 return "self"
@@ -597,6 +677,9 @@ class Guard:
                 self._hit(f"the guard's own {code.co_name}", self._where(frame.f_back))  # check code, handed in
             elif kind == "allowed":
                 self._allowed_frames.add(id(frame))
+            elif kind == "copy":
+                if not self._inside_allowed(frame.f_back):
+                    self._hit(f"a copy of {self.copies[code]} (the course's code as text)", self._where(frame.f_back))
             elif kind == "library":
                 if not self._inside_allowed(frame.f_back):
                     qual = getattr(code, "co_qualname", code.co_name)
