@@ -328,3 +328,13 @@ def test_value_predictions_refuse_tensor_arithmetic(tmp_path, monkeypatch):
         return 2 * kv.weight.numel(), 2 * kv.weight.shape[0] * seq_len * 2 / 2**20
 
     refused("05-notes-table", torch_linear, tmp_path, monkeypatch)
+
+
+def test_mla_as_mha_cache_bytes():
+    from attncourse.mla import mla_as_mha_cache_bytes
+
+    # DeepSeek-V3 as MHA: 61 layers, 128 heads of (128 + 64)-wide keys and 128-wide values, bf16 (lesson 05, section 9)
+    assert mla_as_mha_cache_bytes(61, 128, 128, 64, 128, 1) == 61 * 128 * 320 * 2
+    assert mla_as_mha_cache_bytes(2, 4, 8, 4, 8, 10, batch_size=3, bytes_per_element=1) == 2 * 4 * 20 * 10 * 3
+    with pytest.raises(ValueError, match="v_head_dim"):
+        mla_as_mha_cache_bytes(2, 4, 8, 4, 0, 10)

@@ -9,7 +9,7 @@ import torch
 
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
-from attncourse.mla import mla_cache_bytes
+from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
 from . import Case, exercise
 from .predictions import NOT_RIGHT
 
@@ -408,7 +408,8 @@ def mla_bytes_reference(n_layers, n_heads, kv_lora_rank, qk_nope_head_dim, qk_ro
                         bytes_per_element):
     """(MLA cache bytes, bytes the same layers would cache as MHA: per head a key of qk_nope + qk_rope and a value of
     v_head_dim numbers) for one sequence (the checker's reference)."""
-    mha = n_layers * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * seq_len * bytes_per_element
+    mha = mla_as_mha_cache_bytes(n_layers, n_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len,
+                                 bytes_per_element=bytes_per_element)
     return mla_cache_bytes(n_layers, kv_lora_rank, qk_rope_head_dim, seq_len, bytes_per_element=bytes_per_element), mha
 
 
@@ -419,7 +420,8 @@ MLA_MODELS = (("DeepSeek-V2, one 32k-token sequence, fp8", (60, 128, 512, 128, 6
 
 @exercise("05-predict-mla-cache", "predicted_mla_bytes", points=1, category="predict",
           parts=("MLA cache bytes", "the same layers' cache as MHA, bytes"),
-          forbid=_SIZE_HELPERS + ("attncourse.mla.MultiHeadLatentAttention", "attncourse.mla.MLACache"),
+          forbid=_SIZE_HELPERS + ("attncourse.mla.mla_as_mha_cache_bytes", "attncourse.mla.MultiHeadLatentAttention",
+                                 "attncourse.mla.MLACache"),
           allow=(), ops=("torch",), prop_doc=_RULE_DOC,
           hint="an MLA layer caches one latent and one small position key per token, shared by all heads; the same "
                "layer as MHA would cache, per head, a key as wide as the query-key part with and without rotation and "

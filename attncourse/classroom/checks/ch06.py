@@ -38,7 +38,8 @@ def _slopes_by_library_rescaled(n_heads, max_bias=8.0):  # the course's slopes r
                    "that holds them (the slopes, the bias, the grouped bias) is refused",
           bug_words=("duplicate", "twice", "same slope as", "share a slope", "consecutive power",
                      "consecutive exponent", "odd power", "odd exponent", "even power", "even exponent",
-                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)"),
+                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)", "repeating them",
+                     "repeats a slope", "repeated slope"),
           hint="print the slopes for 12 heads next to the lesson's rule for 12 heads: which heads should get which "
                "slopes, and how does max_bias enter each of them? Press et al.'s get_slopes "
                "(ofirpress/attention_with_linear_biases) and MPT's gen_slopes are the references")
