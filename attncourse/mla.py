@@ -30,6 +30,20 @@ def mla_cache_bytes(n_layers: int, kv_rank: int, rope_dim: int, seq_len: int, ba
     return n_layers * (kv_rank + rope_dim) * seq_len * batch_size * bytes_per_element
 
 
+def mla_as_mha_cache_bytes(n_layers: int, n_heads: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
+                           v_head_dim: int, seq_len: int, batch_size: int = 1, bytes_per_element: int = 2) -> int:
+    """Bytes the same layers would cache as multi-head attention: per head a key of ``qk_nope_head_dim +
+    qk_rope_head_dim`` numbers and a value of ``v_head_dim`` (DeepSeek-V2's comparison, its Table 1).
+
+    Raises ValueError when an argument is not a positive int."""
+    for name, v in (("n_layers", n_layers), ("n_heads", n_heads), ("qk_nope_head_dim", qk_nope_head_dim),
+                    ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim), ("seq_len", seq_len),
+                    ("batch_size", batch_size), ("bytes_per_element", bytes_per_element)):
+        _validate.positive_int(name, v)
+    per_head = qk_nope_head_dim + qk_rope_head_dim + v_head_dim
+    return n_layers * n_heads * per_head * seq_len * batch_size * bytes_per_element
+
+
 class MLACache:
     """What MLA caches per layer: the latent c_kv (B, S, kv_rank) and the shared RoPE key (B, S, rope_dim)."""
 

@@ -244,3 +244,97 @@ def test_no_rule_of_the_arguments_but_the_seed_predicts_the_verdict():
     for case in cases:
         verdicts.setdefault(case.args[1:], set()).add(case.expected)
     assert any(len(v) > 1 for v in verdicts.values()), verdicts
+
+
+# ----------------------------------------------------------------------------- predictions written as rules
+
+
+def kv_bytes(n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+
+
+def notes_row(d_model, n_heads, n_kv_heads, seq_len):
+    head_dim = d_model // n_heads
+    return 2 * d_model * n_kv_heads * head_dim, 2 * n_kv_heads * head_dim * seq_len * 2 / 2**20
+
+
+def mla_bytes(n_layers, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len,
+              bytes_per_element):
+    per_token = n_layers * seq_len * bytes_per_element
+    return (kv_lora_rank + qk_rope_head_dim) * per_token, \
+        n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * per_token
+
+
+def printed_only(exercise_id):
+    """The hard-coded route: a table of the values for the configurations the exercise prints (the named models),
+    measured beforehand with the package, and anything for the rest."""
+    table = {tuple(c.args): c.expected for c in checks.get(exercise_id).make_cases() if not c.name.startswith("drawn")}
+    first = next(iter(table.values()))
+    return lambda *args: table.get(tuple(args), first)
+
+
+@pytest.mark.parametrize("exercise_id, right, wrongs, package", [
+    ("05-predict-kv-cache", kv_bytes,
+     (lambda L, d, h, hkv, D, T, B, n: 2 * L * h * D * T * B * n,        # every query head caches: MHA's count
+      lambda L, d, h, hkv, D, T, B, n: L * hkv * D * T * B * n,          # keys only
+      lambda L, d, h, hkv, D, T, B, n: 2 * L * hkv * (d // h) * T * B * n),  # head_dim from d_model (not for Gemma)
+     lambda L, d, h, hkv, D, T, B, n: __import__("attncourse.gqa", fromlist=["x"]).kv_cache_bytes(L, hkv, D, T, B, n)),
+    ("05-notes-table", notes_row,
+     (lambda d, h, hkv, T: (2 * d * d, 2 * hkv * (d // h) * T * 2 / 2**20),      # K/V as wide as the model
+      lambda d, h, hkv, T: (2 * d * hkv * (d // h), 2 * hkv * (d // h) * T * 2 / 1e6)),  # MB, not MiB
+     lambda d, h, hkv, T: (lambda m: (m.k_proj.weight.numel() + m.v_proj.weight.numel(), 0.0))(
+         __import__("attncourse").MultiHeadAttention(d, h, hkv))),
+    ("05-predict-mla-cache", mla_bytes,
+     (lambda L, h, r, dn, dr, dv, T, n: ((r + dr) * L * T * n, 2 * h * (dn + dr) * L * T * n),  # V as wide as K
+      lambda L, h, r, dn, dr, dv, T, n: (r * L * T * n, h * (dn + dr + dv) * L * T * n)),     # RoPE key forgotten
+     lambda L, h, r, dn, dr, dv, T, n: (__import__("attncourse.mla", fromlist=["x"]).mla_cache_bytes(L, r, dr, T, 1, n),
+                                        h * (dn + dr + dv) * L * T * n)),
+])
+def test_value_predictions_are_rules(exercise_id, right, wrongs, package, tmp_path, monkeypatch):
+    """A prediction the package can compute is a rule of the configuration: the right rule passes the check cell,
+    the grader and a salted grader; the package's helper, the checker's reference and a table of the printed
+    configurations are refused; wrong rules are told only that they are wrong."""
+    from test_salting import SALT, _grader as salted_grader
+
+    ex = checks.get(exercise_id)
+    checks.check(exercise_id, right)
+    assert graded(exercise_id, right, tmp_path, monkeypatch) == "passed"
+    assert salted_grader(ex, right, SALT, tmp_path, monkeypatch)[0] == "passed"
+    reference = {"05-predict-kv-cache": ch05.kv_bytes_reference, "05-notes-table": ch05.notes_row_reference,
+                 "05-predict-mla-cache": ch05.mla_bytes_reference}[exercise_id]
+    for route in (package, reference, as_learner(reference)):
+        refused(exercise_id, route, tmp_path, monkeypatch)
+    table = printed_only(exercise_id)
+    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
+        checks.check(exercise_id, table)
+    assert salted_grader(ex, table, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")
+    for wrong in wrongs:
+        with pytest.raises(checks.CheckFailed, match="prediction is not right") as info:
+            checks.check(exercise_id, wrong)
+        expected = [c.expected for c in ex.make_cases()]
+        assert not any(f"{v:,}" in str(info.value) or str(v) in str(info.value)
+                       for e in expected for v in (e if isinstance(e, tuple) else (e,))), str(info.value)
+
+
+def test_value_predictions_refuse_tensor_arithmetic(tmp_path, monkeypatch):
+    def with_tensors(n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element):
+        k = torch.empty(batch_size, n_kv_heads, seq_len, head_dim, device="meta")  # a cache's shape, then its size
+        return int(2 * n_layers * k.numel() * bytes_per_element)
+
+    refused("05-predict-kv-cache", with_tensors, tmp_path, monkeypatch)
+
+    def torch_linear(d_model, n_heads, n_kv_heads, seq_len):  # PyTorch's own layers counted: no course code
+        kv = torch.nn.Linear(d_model, n_kv_heads * d_model // n_heads, bias=False)
+        return 2 * kv.weight.numel(), 2 * kv.weight.shape[0] * seq_len * 2 / 2**20
+
+    refused("05-notes-table", torch_linear, tmp_path, monkeypatch)
+
+
+def test_mla_as_mha_cache_bytes():
+    from attncourse.mla import mla_as_mha_cache_bytes
+
+    # DeepSeek-V3 as MHA: 61 layers, 128 heads of (128 + 64)-wide keys and 128-wide values, bf16 (lesson 05, section 9)
+    assert mla_as_mha_cache_bytes(61, 128, 128, 64, 128, 1) == 61 * 128 * 320 * 2
+    assert mla_as_mha_cache_bytes(2, 4, 8, 4, 8, 10, batch_size=3, bytes_per_element=1) == 2 * 4 * 20 * 10 * 3
+    with pytest.raises(ValueError, match="v_head_dim"):
+        mla_as_mha_cache_bytes(2, 4, 8, 4, 0, 10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from attncourse import alibi_bias, alibi_slopes
@@ -175,3 +176,51 @@ def test_rope_decay(tmp_path, monkeypatch):
     assert graded("06-rope-decay", rope_similarity, tmp_path, monkeypatch) == "passed"
     refused("06-rope-decay", ch06.rope_similarity_reference, tmp_path, monkeypatch)
     refused("06-rope-decay", rope_closed_form, tmp_path, monkeypatch, called=False)
+
+
+# ----------------------------------------------------------------------------- 4. predict a bias entry, as a rule
+
+
+def predicted_bias(n_heads, head, query, key):
+    closest = 2 ** math.floor(math.log2(n_heads))
+    if head < closest:
+        slope = 2 ** (-8 * (head + 1) / closest)
+    else:  # every other slope of twice as many heads
+        slope = 2 ** (-8 * (2 * (head - closest) + 1) / (2 * closest))
+    return slope * (key - query)
+
+
+def bias_geometric(n_heads, head, query, key):  # 2^(-8 (h + 1) / H) for every H: right for powers of two only
+    return 2 ** (-8 * (head + 1) / n_heads) * (key - query)
+
+
+def bias_positive_distance(n_heads, head, query, key):  # the sign of the distance forgotten
+    return abs(predicted_bias(n_heads, head, query, key))
+
+
+def test_predict_bias_is_a_rule(tmp_path, monkeypatch):
+    from test_salting import SALT, _grader as salted_grader
+
+    ex = checks.get("06-predict-bias")
+    checks.check("06-predict-bias", predicted_bias)
+    assert graded("06-predict-bias", predicted_bias, tmp_path, monkeypatch) == "passed"
+    assert salted_grader(ex, predicted_bias, SALT, tmp_path, monkeypatch)[0] == "passed"
+
+    def package(n_heads, head, query, key):
+        return alibi_bias(n_heads, query + 1)[head, query, key].item()
+
+    def package_slopes(n_heads, head, query, key):
+        return alibi_slopes(n_heads)[head].item() * (key - query)
+
+    def tensor_rule(n_heads, head, query, key):  # the right rule, in tensor arithmetic: no tensor op may run
+        return float(torch.tensor(predicted_bias(n_heads, head, query, key)))
+
+    for route in (package, package_slopes, ch06.bias_entry_reference, tensor_rule):
+        refused("06-predict-bias", route, tmp_path, monkeypatch)
+    named = {(8, 0, 5, 2): -1.5, (8, 7, 5, 2): -3 / 256, (12, 8, 4, 0): -4 * 2 ** -0.5}
+    table = lambda n_heads, head, query, key: named.get((n_heads, head, query, key), -1.0)  # noqa: E731
+    for wrong in (table, bias_geometric, bias_positive_distance):
+        with pytest.raises(checks.CheckFailed, match="prediction is not right") as info:
+            checks.check("06-predict-bias", wrong)
+        assert not any(f"{c.expected:.4g}" in str(info.value) for c in ex.make_cases()), str(info.value)
+    assert salted_grader(ex, table, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")

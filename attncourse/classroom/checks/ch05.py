@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
-from attncourse.mla import mla_cache_bytes
+from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
 from . import Case, exercise
+from .kv_copies import (_breaker_broadcast_matmul, _breaker_expand_reshape, _breaker_index_select,
+                        _breaker_per_head_copies, _breaker_repeat_interleave, _no_kv_copy)
+from .predictions import NOT_RIGHT
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
 
@@ -56,112 +60,6 @@ def _shortcut_course_module(q, k, v):  # the course's MultiHeadAttention's own a
     g = q.shape[1] // k.shape[1]
     return scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
                                         attn_mask=_decode_mask(q.shape[-2], k.shape[-2]))
-
-
-# Operators that only describe data (views) and those that read K/V as a matmul operand: neither makes a copy.
-_VIEW_OPS = frozenset(("view", "_unsafe_view", "expand", "permute", "transpose", "t", "slice", "select", "unsqueeze",
-                       "squeeze", "alias", "detach", "as_strided", "split", "split_with_sizes", "unbind", "chunk",
-                       "narrow", "diagonal", "unfold", "lift_fresh", "_reshape_alias", "view_as", "expand_as",
-                       "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"))
-_MATMUL_OPS = frozenset(("mm", "bmm", "baddbmm", "addmm", "addbmm", "matmul", "dot", "mv", "vdot"))
-
-
-def _op_name(name: str) -> str:
-    return name.split("::")[-1].split(".")[0]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for size in shape:
-        n *= int(size)
-    return n
-
-
-def _no_kv_copy(runs) -> str | None:
-    """K and V are read where they are: no operator receives a tensor larger than anything attention itself needs
-    (a K or V repeated over the query heads of a group, even an expanded view handed to a copying or arithmetic
-    operator), and the operators other than views and matmuls touch K- or V-shaped data at most twice over (a copy
-    per query head, one head at a time, is G times). Judged on the cases where a G-fold copy would be the largest
-    tensor of all (G > 1, fewer new queries than keys and than the head width)."""
-    for run in runs:
-        q, k, v = run.case.args[:3]
-        (b, h, t, d), (h_kv, s) = q.shape, k.shape[1:3]
-        g = h // h_kv
-        limit = max(q.numel(), k.numel(), v.numel(), b * h * t * s)
-        if g < 2 or g * k.numel() <= limit:
-            continue
-        touched = 0
-        for name, _launch, _helper, tensors in run.trace["ops"]:
-            op = _op_name(name)
-            for _label, _offset, shape, stride in tensors:
-                n = _numel(shape)
-                if n > limit and not (op in _VIEW_OPS and 0 in stride):
-                    times = n / k.numel()
-                    return (f"case {run.case.name!r}: {name} received a tensor of shape {tuple(shape)}, "
-                            f"{times:.3g} times the size of the keys: K or V was repeated for the query heads. "
-                            "Each KV head should serve its group of query heads where it is, in one matmul")
-            if op in _VIEW_OPS or op in _MATMUL_OPS:
-                continue
-            kv_shaped = [_numel(shape) for _l, _o, shape, _s in tensors
-                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))]
-            touched += max(kv_shaped, default=0)
-        if touched > 2 * (k.numel() + v.numel()):
-            return (f"case {run.case.name!r}: operators other than views and matmuls moved "
-                    f"{touched / (k.numel() + v.numel()):.3g} times the keys and values: K or V was copied for "
-                    "the query heads (one head at a time counts too). Each KV head should serve its group of "
-                    "query heads where it is")
-    return None
-
-
-def _breaker_repeat_interleave(q, k, v):
-    """The copy the lesson warns about: K and V repeated per query head, then plain attention."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]),
-                                                                 float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
-def _breaker_expand_reshape(q, k, v):
-    """repeat_kv: expand (free) then reshape (a copy)."""
-    b, h_kv, s, d = k.shape
-    g = q.shape[1] // h_kv
-    k, v = (x[:, :, None].expand(b, h_kv, g, s, d).reshape(b, h_kv * g, s, d) for x in (k, v))
-    w = torch.softmax((q @ k.transpose(-2, -1) / d ** 0.5).masked_fill(~torch.ones(q.shape[-2], s, dtype=torch.bool).tril(s - q.shape[-2]),
-                                                                       float("-inf")), -1)
-    return w @ v
-
-
-def _breaker_index_select(q, k, v):
-    """Gather the KV head of every query head with index_select."""
-    g = q.shape[1] // k.shape[1]
-    idx = torch.arange(q.shape[1]) // g
-    k, v = k.index_select(1, idx), v.index_select(1, idx)
-    w = torch.softmax((q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
-        ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]), float("-inf")), -1)
-    return w @ v
-
-
-def _breaker_broadcast_matmul(q, k, v):
-    """Let matmul broadcast over the group: it expands and copies the keys inside."""
-    b, h, t, d = q.shape
-    h_kv, s = k.shape[1:3]
-    sc = q.view(b, h_kv, h // h_kv, t, d) @ k[:, :, None].transpose(-2, -1) / d ** 0.5
-    w = torch.softmax(sc.masked_fill(~torch.ones(t, s, dtype=torch.bool).tril(s - t), float("-inf")), -1)
-    return (w @ v[:, :, None]).view(b, h, t, d)
-
-
-def _breaker_per_head_copies(q, k, v):
-    """One query head at a time, each with its own copy of its KV head (after a first copy that hides the inputs)."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k * 1.0, v * 1.0
-    outs = []
-    for head in range(q.shape[1]):
-        kh, vh = k[:, head // g].clone(), v[:, head // g].clone()
-        w = torch.softmax((q[:, head] @ kh.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
-            ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]), float("-inf")), -1)
-        outs.append(w @ vh)
-    return torch.stack(outs, 1)
 
 
 @exercise("05-grouped-attention", "gqa_decode_attention", points=3, category="implement",
@@ -269,34 +167,108 @@ def _fake_gqa():
     return cases
 
 
-KV_PARTS = ("LLaMA-3.1 405B, one 128k-token sequence, bf16", "Falcon-180B, 12 x 2k tokens, fp16",
-            "Gemma 7B, 8k tokens, fp32")
+# ----------------------------------------------------------------------------- predictions written as rules
 
 
-@exercise("05-predict-kv-cache", "predicted_kv_bytes", kind="value", points=1, category="predict",
-          parts=KV_PARTS,
-          hint="count what one token leaves in one layer (a key and a value for each KV head), then scale by "
-               "layers, tokens, sequences and the size of one element")
+def _pick(gen: torch.Generator):
+    """An int drawn in [lo, hi] from `gen` (the grader's salt changes what it draws)."""
+    return lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _whole_int(what: str):
+    """Right or not for a rule returning an int: a message about the form, else only that it is not right."""
+    def rule(got, expected) -> str | None:
+        if isinstance(got, bool) or not isinstance(got, int):
+            return f"expected {what} (an int), got {type(got).__name__}"
+        return None if got == expected else NOT_RIGHT
+    return rule
+
+
+def _whole_tuple(what: str, kinds: tuple[type, ...]):
+    """Right or not for a rule returning a tuple of numbers (ints exact, floats to 1e-9 relative), judged whole."""
+    def rule(got, expected) -> str | None:
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return f"expected {what}, got {type(got).__name__}"
+        for g, kind in zip(got, kinds):
+            if isinstance(g, bool) or not isinstance(g, (int, float) if kind is float else int):
+                return f"expected {what}: each item {'a number' if kind is float else 'an int'}, but one is not"
+        same = all(g == e if isinstance(e, int) else math.isclose(g, e, rel_tol=1e-9, abs_tol=1e-12)
+                   for g, e in zip(got, expected))
+        return None if same else NOT_RIGHT
+    return rule
+
+
+_SIZE_HELPERS = ("attncourse.gqa.kv_cache_bytes", "attncourse.gqa.model_config", "attncourse.mla.mla_cache_bytes",
+                 "attncourse.mla.mla_decode_attention_cost", "attncourse.gqa.decode_attention_cost")
+_RULE_DOC = ("the prediction is written as a rule of the model's shape (plain numbers in, plain numbers out), "
+             "judged on the exercise's models and on configurations drawn from a seed (the grader draws others), "
+             "with no tensor operator and no course code allowed: the package's size helpers, the checker's own "
+             "reference and a table of the printed models' values cannot stand in for it")
+
+# (case name, model in attncourse.gqa, seq_len, batch_size, bytes_per_element)
+KV_MODELS = (("LLaMA-3.1 405B, one 128k-token sequence, bf16", "LLaMA-3.1 405B", 131_072, 1, 2),
+             ("Falcon-180B, 12 x 2k tokens, fp16", "Falcon-180B", 2048, 12, 2),
+             ("Gemma 7B, 8k tokens, fp32", "Gemma 7B", 8192, 1, 4))
+
+
+def kv_bytes_reference(n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element):
+    """Bytes of the KV cache (the checker's reference: attncourse.gqa.kv_cache_bytes)."""
+    return kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element)
+
+
+@exercise("05-predict-kv-cache", "predicted_kv_bytes", points=1, category="predict",
+          forbid=_SIZE_HELPERS, allow=(), ops=("torch",), prop_doc=_RULE_DOC,
+          hint="count what one token leaves in one layer (a key and a value for each KV head, each head_dim numbers), "
+               "then scale by layers, tokens, sequences and the size of one element; not every argument matters")
 def _predict_cache():
-    """Predict three KV-cache sizes in bytes before computing them (models the lesson's table leaves out)."""
-    llama405, falcon180, gemma = (model_config(n) for n in ("LLaMA-3.1 405B", "Falcon-180B", "Gemma 7B"))
-    expected = (llama405.kv_cache_bytes(131_072), falcon180.kv_cache_bytes(2048, batch_size=12),
-                gemma.kv_cache_bytes(8192, bytes_per_element=4))
-    return [Case("(LLaMA-3.1 405B 128k bf16, Falcon-180B 12 x 2k fp16, Gemma 7B 8k fp32)", expected=expected,
-                 compare="equal")]
+    """Predict the KV cache in bytes as a rule of (n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len,
+    batch_size, bytes_per_element): three published models, then shapes drawn from a seed."""
+    configs = []
+    for label, name, seq, batch, nbytes in KV_MODELS:
+        c = model_config(name)
+        configs.append((label, (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, seq, batch, nbytes)))
+    pick = _pick(torch.Generator().manual_seed(54))  # three more shapes, drawn (a salted grader draws others)
+    for _ in range(3):
+        n_kv, head_dim = 2 ** pick(0, 4), 32 * pick(1, 8)
+        n_heads = n_kv * pick(1, 8)
+        width = n_heads * head_dim
+        d_model = width if pick(0, 1) else 3 * width // 4  # not always n_heads * head_dim (Gemma 7B: 3072, 4096)
+        args = (pick(1, 96), d_model, n_heads, n_kv, head_dim, 1024 * pick(1, 128), pick(1, 16), (1, 2, 4)[pick(0, 2)])
+        configs.append(("drawn: n_layers={}, d_model={}, n_heads={}, n_kv_heads={}, head_dim={}, seq_len={}, "
+                        "batch_size={}, bytes_per_element={}".format(*args), args))
+    return [Case(label, args, expected=kv_bytes_reference(*args), compare=_whole_int("the cache in bytes"))
+            for label, args in configs]
 
 
-@exercise("05-notes-table", "notes_table", kind="value", points=2, category="predict",
-          hint="the K and V projections each map d_model to the total width of the KV heads (no bias); one layer's "
-               "cache holds a key and a value per KV head for every token, in float16; a MiB is 2 to the 20th bytes")
+def notes_row_reference(d_model, n_heads, n_kv_heads, seq_len):
+    """(K and V projection parameters, one layer's float16 KV cache in MiB) of MultiHeadAttention(d_model, n_heads,
+    n_kv_heads) without bias, for one sequence of seq_len tokens (the checker's reference)."""
+    with torch.device("meta"):  # shapes only
+        m = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=False)
+    params = m.k_proj.weight.numel() + m.v_proj.weight.numel()
+    return params, kv_cache_bytes(1, n_kv_heads, d_model // n_heads, seq_len) / 2**20
+
+
+@exercise("05-notes-table", "notes_row", points=2, category="predict",
+          parts=("K and V projection parameters", "one layer's float16 KV cache in MiB"),
+          forbid=_SIZE_HELPERS + ("attncourse.mha.MultiHeadAttention",), allow=(), ops=("torch",),
+          prop_doc=_RULE_DOC,
+          hint="the K and V projections each map d_model to the total width of the KV heads (no bias), and a head is "
+               "d_model / n_heads wide; one layer's cache holds a key and a value per KV head for every token, in "
+               "float16; a MiB is 2 to the 20th bytes")
 def _notes_table():
-    """KV projection parameters and one layer's float16 KV cache (MiB) at 2048 tokens, d_model 512, 8 heads."""
-    expected = {}
-    for name, hkv in (("MHA", 8), ("GQA-4", 4), ("MQA", 1)):
-        m = MultiHeadAttention(512, 8, hkv)
-        params = m.k_proj.weight.numel() + m.v_proj.weight.numel()
-        expected[name] = (params, kv_cache_bytes(1, hkv, 64, 2048) / 2**20)
-    return [Case("{name: (KV projection parameters, KV cache MiB)}", expected=expected)]
+    """The notes' table as a rule: (K and V projection parameters, one layer's float16 KV cache in MiB) for one
+    sequence, as a function of (d_model, n_heads, n_kv_heads, seq_len)."""
+    configs = [(f"{name}: d_model 512, 8 heads, {hkv} KV head{'s' * (hkv > 1)}, 2048 tokens", (512, 8, hkv, 2048))
+               for name, hkv in (("MHA", 8), ("GQA-4", 4), ("MQA", 1))]
+    pick = _pick(torch.Generator().manual_seed(57))  # two more layers, drawn (a salted grader draws others)
+    for _ in range(2):
+        n_kv = 2 ** pick(0, 3)
+        n_heads = n_kv * pick(1, 6)
+        args = (n_heads * 16 * pick(1, 16), n_heads, n_kv, 256 * pick(1, 64))
+        configs.append(("drawn: d_model={}, n_heads={}, n_kv_heads={}, seq_len={}".format(*args), args))
+    return [Case(label, args, expected=notes_row_reference(*args),
+                 compare=_whole_tuple("a tuple (K and V parameters, MiB)", (int, float))) for label, args in configs]
 
 
 def _shortcut_mean_pool(weight, n_heads, n_kv_heads):
@@ -328,20 +300,41 @@ def _mean_pool():
     return cases
 
 
-MLA_PARTS = ("DeepSeek-V2, one 32k-token sequence, fp8", "DeepSeek-V2 with kv_rank 256, bytes per token, bf16",
-             "Falcon-180B (GQA-8), bytes per token, fp8")
+def mla_bytes_reference(n_layers, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len,
+                        bytes_per_element):
+    """(MLA cache bytes, bytes the same layers would cache as MHA: per head a key of qk_nope + qk_rope and a value of
+    v_head_dim numbers) for one sequence (the checker's reference)."""
+    mha = mla_as_mha_cache_bytes(n_layers, n_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len,
+                                 bytes_per_element=bytes_per_element)
+    return mla_cache_bytes(n_layers, kv_lora_rank, qk_rope_head_dim, seq_len, bytes_per_element=bytes_per_element), mha
 
 
-@exercise("05-predict-mla-cache", "predicted_mla_bytes", kind="value", points=1, category="predict",
-          parts=MLA_PARTS,
-          hint="an MLA layer caches one latent vector and one small position key per token, shared by all heads; "
-               "a GQA layer caches a key and a value per KV head; fp8 is one byte per number, bf16 two")
+# (case name, n_layers, n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len, bytes)
+MLA_MODELS = (("DeepSeek-V2, one 32k-token sequence, fp8", (60, 128, 512, 128, 64, 128, 32_768, 1)),
+              ("DeepSeek-V2 with its latent halved to 256, per token, bf16", (60, 128, 256, 128, 64, 128, 1, 2)))
+
+
+@exercise("05-predict-mla-cache", "predicted_mla_bytes", points=1, category="predict",
+          parts=("MLA cache bytes", "the same layers' cache as MHA, bytes"),
+          forbid=_SIZE_HELPERS + ("attncourse.mla.mla_as_mha_cache_bytes", "attncourse.mla.MultiHeadLatentAttention",
+                                 "attncourse.mla.MLACache"),
+          allow=(), ops=("torch",), prop_doc=_RULE_DOC,
+          hint="an MLA layer caches one latent and one small position key per token, shared by all heads; the same "
+               "layer as MHA would cache, per head, a key as wide as the query-key part with and without rotation and "
+               "a value of v_head_dim; one element is bytes_per_element bytes")
 def _predict_mla():
-    """Predict MLA's cache (DeepSeek-V2, and a variant) against GQA's (Falcon-180B), in bytes."""
-    expected = (mla_cache_bytes(60, 512, 64, 32_768, bytes_per_element=1), mla_cache_bytes(60, 256, 64, 1),
-                model_config("Falcon-180B").kv_cache_bytes(1, bytes_per_element=1))
-    return [Case("(DeepSeek-V2 32k fp8, DeepSeek-V2 kv_rank 256 per token bf16, Falcon-180B per token fp8)",
-                 expected=expected, compare="equal")]
+    """Predict (MLA cache bytes, the same layers' MHA cache bytes) as a rule of (n_layers, n_heads, kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len, bytes_per_element)."""
+    configs = list(MLA_MODELS)
+    pick = _pick(torch.Generator().manual_seed(56))  # two more shapes, drawn (a salted grader draws others)
+    for _ in range(2):
+        args = (pick(1, 64), 2 ** pick(2, 7), 64 * pick(1, 8), 16 * pick(1, 8), 16 * pick(1, 4), 16 * pick(1, 8),
+                1024 * pick(1, 64), (1, 2, 4)[pick(0, 2)])
+        configs.append(("drawn: n_layers={}, n_heads={}, kv_lora_rank={}, qk_nope_head_dim={}, qk_rope_head_dim={}, "
+                        "v_head_dim={}, seq_len={}, bytes_per_element={}".format(*args), args))
+    return [Case(label, args, expected=mla_bytes_reference(*args),
+                 compare=_whole_tuple("a tuple of two ints (MLA bytes, MHA bytes)", (int, int)))
+            for label, args in configs]
 
 
 CONVERSION = dict(d_model=32, n_heads=8, n_kv_heads=2, batch=4, seq_len=16)

@@ -10,6 +10,7 @@ from attncourse.masks import causal_bottom_right, materialize
 from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, grouped_alibi_bias,
                                   rope_permutation)
 from . import Case, exercise
+from .predictions import NOT_RIGHT
 
 
 def _slopes_reference(n_heads: int, max_bias: float) -> torch.Tensor:
@@ -37,14 +38,19 @@ def _slopes_by_library_rescaled(n_heads, max_bias=8.0):  # the course's slopes r
                    "that holds them (the slopes, the bias, the grouped bias) is refused",
           bug_words=("duplicate", "twice", "same slope as", "share a slope", "consecutive power",
                      "consecutive exponent", "odd power", "odd exponent", "even power", "even exponent",
-                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)"),
+                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)", "repeating them",
+                     "repeats a slope", "repeated slope"),
           hint="print the slopes for 12 heads next to the lesson's rule for 12 heads: which heads should get which "
                "slopes, and how does max_bias enter each of them? Press et al.'s get_slopes "
                "(ofirpress/attention_with_linear_biases) and MPT's gen_slopes are the references")
 def _slopes():
     """Fix an engine's ALiBi slope function so that it works for every head count and max_bias."""
+    configs = [(1, 8.0), (6, 8.0), (12, 8.0), (8, 4.0), (12, 4.0), (20, 16.0), (24, 6.0), (33, 8.0)]
+    gen = torch.Generator().manual_seed(64)  # two more, drawn (a salted grader draws others)
+    configs += [(int(torch.randint(3, 49, (1,), generator=gen)), float(torch.randint(2, 17, (1,), generator=gen)))
+                for _ in range(2)]
     return [Case(f"{h} heads, max_bias {b:g}", (h, b), expected=_slopes_reference(h, b), rtol=1e-6, atol=1e-8)
-            for h, b in ((1, 8.0), (6, 8.0), (12, 8.0), (8, 4.0), (12, 4.0), (20, 16.0), (24, 6.0), (33, 8.0))]
+            for h, b in configs]
 
 
 def _shortcut_decode_bias(n_heads, q_len, k_len):
@@ -63,8 +69,14 @@ def _shortcut_decode_bias(n_heads, q_len, k_len):
                "minus infinity")
 def _decode_bias():
     """ALiBi bias plus causal mask for Tq queries at the end of Tk cached positions, as (H, Tq, Tk)."""
+    configs = [(4, 1, 6), (8, 3, 7), (6, 5, 5), (12, 2, 9)]
+    gen = torch.Generator().manual_seed(65)  # two more, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    for _ in range(2):
+        tq = pick(1, 6)
+        configs.append((pick(1, 16), tq, tq + pick(0, 10)))
     cases = []
-    for h, tq, tk in ((4, 1, 6), (8, 3, 7), (6, 5, 5), (12, 2, 9)):
+    for h, tq, tk in configs:
         keep = materialize(causal_bottom_right(tq, tk), tq, tk)
         expected = alibi_bias(h, tq, tk).masked_fill(~keep, float("-inf"))
         cases.append(Case(f"H={h}, Tq={tq}, Tk={tk}", (h, tq, tk), expected=expected, rtol=1e-6, atol=1e-7))
@@ -94,17 +106,46 @@ def _grouped():
     return cases
 
 
-@exercise("06-predict-bias", "predicted_biases", kind="value", points=1, category="predict",
-          parts=("8 heads: head 0, query 5, key 2", "8 heads: head 7, query 5, key 2",
-                 "12 heads: head 8, query 4, key 0"),
+def bias_entry_reference(n_heads: int, head: int, query: int, key: int) -> float:
+    """Entry (head, query, key) of alibi_bias(n_heads, query + 1): the checker's reference."""
+    return alibi_bias(n_heads, query + 1)[head, query, key].item()
+
+
+def _close_whole(got, expected) -> str | None:
+    """Right or not for a rule returning a number (to 1e-4 relative: the package's slopes are float32)."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return f"expected a number (the bias entry), got {type(got).__name__}"
+    return None if math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-6) else NOT_RIGHT
+
+
+@exercise("06-predict-bias", "predicted_bias", points=1, category="predict",
+          forbid=("attncourse.positions.alibi_slopes", "attncourse.positions.alibi_bias",
+                  "attncourse.positions.alibi_bias_at", "attncourse.positions.grouped_alibi_bias"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is written as a rule of (n_heads, head, query, key) in plain numbers, judged on "
+                   "the three entries the exercise names and on entries drawn from a seed (head counts that are not "
+                   "powers of two among them; the grader draws others), with no tensor operator and no course code "
+                   "allowed: the package's slopes and bias, the checker's reference and a table of the three named "
+                   "entries cannot stand in for it",
           hint="write down the slopes of 8 heads, and where heads 8 to 11 of 12 take theirs from; then the bias is "
                "the slope times the signed distance from the query to the key")
 def _predict():
-    """Predict three ALiBi bias entries before computing them."""
-    b8, b12 = alibi_bias(8, 6), alibi_bias(12, 6)
-    expected = (b8[0, 5, 2].item(), b8[7, 5, 2].item(), b12[8, 4, 0].item())
-    return [Case("(8 heads: head 0 at (5, 2), head 7 at (5, 2); 12 heads: head 8 at (4, 0))",
-                 expected=expected, rtol=1e-4, atol=1e-6)]
+    """Predict an ALiBi bias entry as a rule of (n_heads, head, query, key): the entry (head, query, key) of the
+    causal bias of n_heads heads (key at or before query)."""
+    configs = [(8, 0, 5, 2), (8, 7, 5, 2), (12, 8, 4, 0)]
+    gen = torch.Generator().manual_seed(63)  # four more entries, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    for k in range(4):
+        n_heads = pick(3, 40)
+        while k < 3 and n_heads & (n_heads - 1) == 0:  # three of them not a power of two
+            n_heads = pick(3, 40)
+        closest = 2 ** int(math.log2(n_heads))
+        head = pick(closest, n_heads - 1) if k < 2 else pick(0, n_heads - 1)  # two past the closest power of two
+        query = pick(1, 40)
+        configs.append((n_heads, head, query, pick(0, query - 1)))
+    return [Case(f"{'drawn: ' if i >= 3 else ''}{h} heads: head {hd}, query {q}, key {k}", (h, hd, q, k),
+                 expected=bias_entry_reference(h, hd, q, k), compare=_close_whole)
+            for i, (h, hd, q, k) in enumerate(configs)]
 
 
 def _shortcut_rope_pairs(x, positions, base):
@@ -195,8 +236,12 @@ def _encoder_by_bias_at(n_heads, seq_len):
                "places after it with that of a key the same distance before")
 def _encoder_alibi():
     """Fix the notes' ALiBi bias for an encoder's self-attention (every query sees every key)."""
+    gen = torch.Generator().manual_seed(66)  # two more, drawn (a salted grader draws others)
+    configs = [(8, 6), (12, 5), (1, 3), (4, 9)]
+    configs += [(int(torch.randint(1, 17, (1,), generator=gen)), int(torch.randint(2, 13, (1,), generator=gen)))
+                for _ in range(2)]
     return [Case(f"{h} heads, {t} tokens", (h, t), expected=_encoder_bias_reference(h, t), rtol=1e-6, atol=1e-7)
-            for h, t in ((8, 6), (12, 5), (1, 3), (4, 9))]
+            for h, t in configs]
 
 
 ROPE_DISTANCES = (0, 1, 4, 16, 64, 256, 1024)

@@ -1,0 +1,112 @@
+"""The property of exercise 05-grouped-attention (attncourse/classroom/checks/ch05.py): K and V are read where they
+are, never copied for the query heads, judged from the operators the answer ran; and the answers that break it."""
+
+from __future__ import annotations
+
+import torch
+
+
+# Operators that only describe data (views) and those that read K/V as a matmul operand: neither makes a copy.
+_VIEW_OPS = frozenset(("view", "_unsafe_view", "expand", "permute", "transpose", "t", "slice", "select", "unsqueeze",
+                       "squeeze", "alias", "detach", "as_strided", "split", "split_with_sizes", "unbind", "chunk",
+                       "narrow", "diagonal", "unfold", "lift_fresh", "_reshape_alias", "view_as", "expand_as",
+                       "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"))
+_MATMUL_OPS = frozenset(("mm", "bmm", "baddbmm", "addmm", "addbmm", "matmul", "dot", "mv", "vdot"))
+
+
+def _op_name(name: str) -> str:
+    return name.split("::")[-1].split(".")[0]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for size in shape:
+        n *= int(size)
+    return n
+
+
+def _no_kv_copy(runs) -> str | None:
+    """K and V are read where they are: no operator receives a tensor larger than anything attention itself needs
+    (a K or V repeated over the query heads of a group, even an expanded view handed to a copying or arithmetic
+    operator), and the operators other than views and matmuls touch K- or V-shaped data at most twice over (a copy
+    per query head, one head at a time, is G times). Judged on the cases where a G-fold copy would be the largest
+    tensor of all (G > 1, fewer new queries than keys and than the head width)."""
+    for run in runs:
+        q, k, v = run.case.args[:3]
+        (b, h, t, d), (h_kv, s) = q.shape, k.shape[1:3]
+        g = h // h_kv
+        limit = max(q.numel(), k.numel(), v.numel(), b * h * t * s)
+        if g < 2 or g * k.numel() <= limit:
+            continue
+        touched = 0
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            op = _op_name(name)
+            for _label, _offset, shape, stride in tensors:
+                n = _numel(shape)
+                if n > limit and not (op in _VIEW_OPS and 0 in stride):
+                    times = n / k.numel()
+                    return (f"case {run.case.name!r}: {name} received a tensor of shape {tuple(shape)}, "
+                            f"{times:.3g} times the size of the keys: K or V was repeated for the query heads. "
+                            "Each KV head should serve its group of query heads where it is, in one matmul")
+            if op in _VIEW_OPS or op in _MATMUL_OPS:
+                continue
+            kv_shaped = [_numel(shape) for _l, _o, shape, _s in tensors
+                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))]
+            touched += max(kv_shaped, default=0)
+        if touched > 2 * (k.numel() + v.numel()):
+            return (f"case {run.case.name!r}: operators other than views and matmuls moved "
+                    f"{touched / (k.numel() + v.numel()):.3g} times the keys and values: K or V was copied for "
+                    "the query heads (one head at a time counts too). Each KV head should serve its group of "
+                    "query heads where it is")
+    return None
+
+
+def _breaker_repeat_interleave(q, k, v):
+    """The copy the lesson warns about: K and V repeated per query head, then plain attention."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]),
+                                                                 float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _breaker_expand_reshape(q, k, v):
+    """repeat_kv: expand (free) then reshape (a copy)."""
+    b, h_kv, s, d = k.shape
+    g = q.shape[1] // h_kv
+    k, v = (x[:, :, None].expand(b, h_kv, g, s, d).reshape(b, h_kv * g, s, d) for x in (k, v))
+    w = torch.softmax((q @ k.transpose(-2, -1) / d ** 0.5).masked_fill(~torch.ones(q.shape[-2], s, dtype=torch.bool).tril(s - q.shape[-2]),
+                                                                       float("-inf")), -1)
+    return w @ v
+
+
+def _breaker_index_select(q, k, v):
+    """Gather the KV head of every query head with index_select."""
+    g = q.shape[1] // k.shape[1]
+    idx = torch.arange(q.shape[1]) // g
+    k, v = k.index_select(1, idx), v.index_select(1, idx)
+    w = torch.softmax((q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+        ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]), float("-inf")), -1)
+    return w @ v
+
+
+def _breaker_broadcast_matmul(q, k, v):
+    """Let matmul broadcast over the group: it expands and copies the keys inside."""
+    b, h, t, d = q.shape
+    h_kv, s = k.shape[1:3]
+    sc = q.view(b, h_kv, h // h_kv, t, d) @ k[:, :, None].transpose(-2, -1) / d ** 0.5
+    w = torch.softmax(sc.masked_fill(~torch.ones(t, s, dtype=torch.bool).tril(s - t), float("-inf")), -1)
+    return (w @ v[:, :, None]).view(b, h, t, d)
+
+
+def _breaker_per_head_copies(q, k, v):
+    """One query head at a time, each with its own copy of its KV head (after a first copy that hides the inputs)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k * 1.0, v * 1.0
+    outs = []
+    for head in range(q.shape[1]):
+        kh, vh = k[:, head // g].clone(), v[:, head // g].clone()
+        w = torch.softmax((q[:, head] @ kh.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+            ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]), float("-inf")), -1)
+        outs.append(w @ vh)
+    return torch.stack(outs, 1)
