@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from attncourse import KVCache, MultiHeadAttention, sinusoidal_positions
+from attncourse import KVCache, MultiHeadAttention, SinkWindowCache, sinusoidal_positions
 from attncourse.classroom import checks
 from attncourse.classroom.grading.remote import judge
 from test_exercise_standard import as_learner, grader_reply
@@ -129,74 +129,115 @@ def test_cache_update_right_and_wrong(tmp_path, monkeypatch):
     for msg in refused("07-cache-update", written_then_copied, tmp_path, monkeypatch):
         assert "copies" in msg
 
+    def written_then_times_one(buf_k, buf_v, length, k_new, v_new):  # the cold review's route 07-a: k * 1, v + 0
+        keys, values = cache_update(buf_k, buf_v, length, k_new, v_new)
+        return keys * 1, values + 0
+
+    for msg in refused("07-cache-update", written_then_times_one, tmp_path, monkeypatch):
+        assert "copies" in msg
+
 
 
 # ----------------------------------------------------------------------------- 3. decode bug
 
 
-def decode(state, x, *, fixed):
+def decode(state, x, n_sink, window, *, fixed):
+    b, t, d = x.shape
+    mha = MultiHeadAttention(d, 4)
+    mha.load_state_dict(state)
+    cache = SinkWindowCache(b, 4, d // 4, window=window, n_sink=n_sink)
+    pe = sinusoidal_positions(max(t, 64), d)
+    outs = []
+    with torch.no_grad():
+        for i in range(t):
+            pos = i if fixed else len(cache)  # the exercise's bug: the live keys, not the tokens seen
+            outs.append(mha(x[:, i:i + 1] + pe[pos], kv_cache=cache))
+    return torch.cat(outs, dim=1)
+
+
+def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
+    accepted("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=True), tmp_path, monkeypatch)
+    checks.check("07-decode-bug", lambda s, x, n, w: decode(s, x, n, w, fixed=True))  # the earlier id still checks
+    msg = failure("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=False))
+    assert "B=" in msg and "called" not in msg
+    # the buggy code is right on a stream that never evicts (the first case): only longer streams show it
+    case = checks.get("07-find-the-bug-1").make_cases()[0]
+    state, x, n_sink, window = case.args
+    assert x.shape[1] <= n_sink + window
+    torch.testing.assert_close(decode(*case.args, fixed=False), case.expected, rtol=1e-4, atol=1e-5)
+
+    def seen_counter(state, x, n_sink, window):  # the cache's own count of tokens seen: also right
+        b, t, d = x.shape
+        mha = MultiHeadAttention(d, 4)
+        mha.load_state_dict(state)
+        cache = SinkWindowCache(b, 4, d // 4, window=window, n_sink=n_sink)
+        pe = sinusoidal_positions(t, d)
+        with torch.no_grad():
+            return torch.cat([mha(x[:, i:i + 1] + pe[cache.seen], kv_cache=cache) for i in range(t)], dim=1)
+
+    accepted("07-find-the-bug-1", seen_counter, tmp_path, monkeypatch)
+
+
+def _keep(t, n_sink, window):
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    return (j <= i) & ((j < n_sink) | (i - j < window))
+
+
+def full_forward(state, x, n_sink, window):  # the review's route: no decode, no cache
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    with torch.no_grad():
+        return mha(x + sinusoidal_positions(x.shape[1], 16), attn_mask=_keep(x.shape[1], n_sink, window))
+
+
+def prefix_recompute(state, x, n_sink, window):  # token by token, but every step runs the whole prefix again
+    mha = MultiHeadAttention(16, 4)
+    mha.load_state_dict(state)
+    pe = sinusoidal_positions(x.shape[1], 16)
+    with torch.no_grad():
+        return torch.cat([mha(x[:, :i + 1] + pe[:i + 1], attn_mask=_keep(i + 1, n_sink, window))[:, -1:]
+                          for i in range(x.shape[1])], dim=1)
+
+
+def by_hand_with_sdpa(state, x, n_sink, window):  # the weights by hand and PyTorch's fused attention
+    b, t, d = x.shape
+    h = x + sinusoidal_positions(t, d)
+    q, k, v = (torch.nn.functional.linear(h, state[f"{n}_proj.weight"]).view(b, t, 4, 4).transpose(1, 2)
+               for n in "qkv")
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=_keep(t, n_sink, window))
+    return torch.nn.functional.linear(o.transpose(1, 2).reshape(b, t, d), state["o_proj.weight"])
+
+
+def by_hand_matmul(state, x, n_sink, window):  # the weights by hand, a plain softmax, every position at once
+    b, t, d = x.shape
+    h = x + sinusoidal_positions(t, d)
+    q, k, v = ((h @ state[f"{n}_proj.weight"].T).view(b, t, 4, 4).transpose(1, 2) for n in "qkv")
+    s = (q @ k.transpose(-2, -1) / 2.0).masked_fill(~_keep(t, n_sink, window), -math.inf)
+    o = torch.softmax(s, dim=-1) @ v
+    return o.transpose(1, 2).reshape(b, t, d) @ state["o_proj.weight"].T
+
+
+def growing_cache_with_mask(state, x, n_sink, window):  # a KVCache and the mask per step: a decode, accepted
     b, t, d = x.shape
     mha = MultiHeadAttention(d, 4)
     mha.load_state_dict(state)
     cache = KVCache(b, 4, d // 4, capacity=t)
     pe = sinusoidal_positions(t, d)
     with torch.no_grad():
-        outs = [mha(x[:, i:i + 1] + (pe[i] if fixed else pe[0]), is_causal=True, kv_cache=cache) for i in range(t)]
-    return torch.cat(outs, dim=1)
+        return torch.cat([mha(x[:, i:i + 1] + pe[i], kv_cache=cache, attn_mask=_keep(i + 1, n_sink, window)[-1:])
+                          for i in range(t)], dim=1)
 
 
-def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
-    accepted("07-find-the-bug-1", lambda s, x: decode(s, x, fixed=True), tmp_path, monkeypatch)
-    checks.check("07-decode-bug", lambda s, x: decode(s, x, fixed=True))  # the earlier id still checks
-    assert "B=" in failure("07-find-the-bug-1", lambda s, x: decode(s, x, fixed=False))
-
-
-def full_forward(state, x):  # the review's route: no decode, no cache
-    mha = MultiHeadAttention(16, 4)
-    mha.load_state_dict(state)
-    with torch.no_grad():
-        return mha(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
-
-
-def prefix_recompute(state, x):  # token by token, but every step runs the whole prefix again
-    mha = MultiHeadAttention(16, 4)
-    mha.load_state_dict(state)
-    pe = sinusoidal_positions(x.shape[1], 16)
-    with torch.no_grad():
-        return torch.cat([mha(x[:, :i + 1] + pe[:i + 1], is_causal=True)[:, -1:] for i in range(x.shape[1])], dim=1)
-
-
-def by_hand_with_sdpa(state, x):  # the weights by hand and PyTorch's fused attention
-    b, t, d = x.shape
-    h = x + sinusoidal_positions(t, d)
-    q, k, v = (torch.nn.functional.linear(h, state[f"{n}_proj.weight"]).view(b, t, 4, 4).transpose(1, 2)
-               for n in "qkv")
-    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return torch.nn.functional.linear(o.transpose(1, 2).reshape(b, t, d), state["o_proj.weight"])
-
-
-def by_hand_matmul(state, x):  # the weights by hand, a plain softmax, every position at once
-    b, t, d = x.shape
-    h = x + sinusoidal_positions(t, d)
-    q, k, v = ((h @ state[f"{n}_proj.weight"].T).view(b, t, 4, 4).transpose(1, 2) for n in "qkv")
-    s = (q @ k.transpose(-2, -1) / 2.0).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
-    o = torch.softmax(s, dim=-1) @ v
-    return o.transpose(1, 2).reshape(b, t, d) @ state["o_proj.weight"].T
-
-
-def gpt_like_module(state, x):  # the course's module called directly on the whole sequence, via forward()
-    mha = MultiHeadAttention(16, 4)
-    mha.load_state_dict(state)
-    with torch.no_grad():
-        return mha.forward(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
-
-
-@pytest.mark.parametrize("route", [full_forward, prefix_recompute, by_hand_with_sdpa, by_hand_matmul, gpt_like_module])
+@pytest.mark.parametrize("route", [full_forward, prefix_recompute, by_hand_with_sdpa, by_hand_matmul])
 def test_decode_bug_routes_without_decoding_are_refused(route, tmp_path, monkeypatch):
-    torch.testing.assert_close(route(*checks.get("07-find-the-bug-1").make_cases()[0].args),
-                               checks.get("07-find-the-bug-1").make_cases()[0].expected, rtol=1e-4, atol=1e-5)
+    case = checks.get("07-find-the-bug-1").make_cases()[1]
+    torch.testing.assert_close(route(*case.args), case.expected, rtol=1e-4, atol=1e-5)
     msg, graded = refused("07-find-the-bug-1", route, tmp_path, monkeypatch)
     assert ("tokens of each sequence" in msg or "called" in msg) and "position" not in msg.split("hint")[0]
+
+
+def test_decode_bug_other_decodes_pass(tmp_path, monkeypatch):
+    accepted("07-find-the-bug-1", growing_cache_with_mask, tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- 4. eviction
@@ -240,12 +281,62 @@ def test_bug_words_stay_out_of_the_exercise_notebook():
         assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}", text, flags=re.IGNORECASE), word
 
 
-def test_prediction_wrong_part_named_value_hidden():
+def predicted_sizes(cache, sink_cache, mask):
+    batch, n_kv_heads, head_dim, capacity, nbytes = cache
+    window, n_sink, n_tokens = sink_cache
+    q_len, k_len, w = mask
+    pairs = sum(max(0, min(i, k_len - 1) - max(0, i - w + 1) + 1) for i in range(q_len))
+    return 2 * batch * n_kv_heads * capacity * head_dim * nbytes, min(n_tokens, n_sink + window - 1), pairs
+
+
+def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
+    from test_salting import SALT, _grader as salted_grader
+
+    accepted("07-predict-sizes", predicted_sizes, tmp_path, monkeypatch)
     ex = checks.get("07-predict-sizes")
-    expected = ex.make_cases()[0].expected
-    checks.check("07-predict-sizes", expected)
-    msg = failure("07-predict-sizes", (expected[0], expected[1] + 1, expected[2]))
-    assert "SinkWindowCache length" in msg and str(expected[1]) not in msg
+    assert salted_grader(ex, predicted_sizes, SALT, tmp_path, monkeypatch)[0] == "passed"
+    assert len(ex.make_cases()) >= 3  # the printed configuration and drawn ones
+
+    def package(cache, sink_cache, mask):  # the review's route: the package measures each count
+        from attncourse import KVCache, SinkWindowCache, masks
+        b, h, d, capacity, nbytes = cache
+        ring = SinkWindowCache(1, 1, 1, window=sink_cache[0], n_sink=sink_cache[1])
+        for _ in range(sink_cache[2]):
+            ring.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+        return (KVCache(b, h, d, capacity, dtype=torch.bfloat16 if nbytes == 2 else torch.float32).nbytes, len(ring),
+                int(masks.materialize(masks.sliding_window(mask[2]), mask[0], mask[1]).sum()))
+
+    def checker_reference(cache, sink_cache, mask):
+        from attncourse.classroom.checks.ch07 import predicted_sizes_reference
+        return predicted_sizes_reference(cache, sink_cache, mask)
+
+    def by_torch(cache, sink_cache, mask):  # the mask's pairs counted with tensors
+        q_len, k_len, w = mask
+        i, j = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+        return predicted_sizes(cache, sink_cache, mask)[:2] + (int(((j <= i) & (i - j < w)).sum()),)
+
+    for route in (package, checker_reference, by_torch):
+        msg, graded = refused("07-predict-sizes", route, tmp_path, monkeypatch)
+        assert "called" in msg or "operator" in msg, (route.__name__, msg)
+
+    printed = predicted_sizes(*ex.make_cases()[0].args)
+
+    def typed(cache, sink_cache, mask):  # the printed configuration's counts, typed in
+        return printed
+
+    def no_eviction(cache, sink_cache, mask):  # a cache that never evicts
+        return predicted_sizes(cache, sink_cache, mask)[0], sink_cache[2], predicted_sizes(cache, sink_cache, mask)[2]
+
+    def bottom_right(cache, sink_cache, mask):  # the window counted as if the queries were the last ones
+        q_len, k_len, w = mask
+        pairs = sum(min(w, p + 1) for p in range(k_len - q_len, k_len)) if q_len <= k_len else -1
+        return predicted_sizes(cache, sink_cache, mask)[:2] + (pairs,)
+
+    for wrong in (typed, no_eviction, bottom_right):
+        msg = failure("07-predict-sizes", wrong)
+        assert "prediction is not right" in msg, (wrong.__name__, msg)
+        for value in printed:
+            assert f" {value}" not in msg.split("\n", 1)[1].replace(str(ex.make_cases()[0].name), "")
 
 
 # ----------------------------------------------------------------------------- 6. experiment

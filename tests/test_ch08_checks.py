@@ -244,10 +244,67 @@ def test_prediction_verify_cell_waits_for_a_pass():
     for cell in nb.cells:
         if cell.cell_type == "code" and "online_softmax_trace" in cell.source:
             assert cell.source.startswith('if passed("08-predict-rescale")')
-    expected = checks.get("08-predict-rescale").make_cases()[0].expected
-    wrong = (expected[0], [0.0, 1.0, 0.1, 1.0, 1.0], expected[2])
-    msg = failure("08-predict-rescale", wrong)
-    assert "rescale" in msg and "0.1353" not in msg and "0.135" not in msg
+
+
+def pooled_two_pass(chunks, chunk_size):  # the cold review's route 08-b: kept chunks, max by a pool, sum by a conv
+    import torch.nn.functional as F
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    flat = x.reshape(-1, 1, x.shape[-1])
+    m = F.adaptive_max_pool1d(flat, 1)  # (R, 1, 1) the row max
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    total = F.conv1d(torch.exp(flat - ref), torch.ones(1, 1, x.shape[-1], dtype=x.dtype))  # (R, 1, 1) the row sum
+    lse = (torch.log(total) + ref).reshape(*x.shape[:-1], 1)
+    return torch.where(torch.isneginf(lse), torch.full_like(x, float("-inf")), x - lse)
+
+
+def test_one_pass_refuses_reductions_under_other_names(tmp_path, monkeypatch):
+    msg, graded = refused("08-one-pass-log-softmax", pooled_two_pass, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and "reduces over" in msg
+
+
+def predicted(row, chunk_size):
+    m, l, out = -math.inf, 0.0, ([], [], [])
+    for start in range(0, len(row), chunk_size):
+        chunk = row[start:start + chunk_size]
+        m_new = max(m, max(chunk))
+        alpha = math.exp(m - m_new) if m > -math.inf else 0.0
+        l, m = alpha * l + sum(math.exp(x - m_new) for x in chunk), m_new
+        for values, v in zip(out, (m, alpha, l)):
+            values.append(v)
+    return out
+
+
+def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
+    from test_salting import SALT, _grader as salted_grader
+
+    accepted("08-predict-rescale", predicted, tmp_path, monkeypatch)
+    ex = checks.get("08-predict-rescale")
+    assert salted_grader(ex, predicted, SALT, tmp_path, monkeypatch)[0] == "passed"
+    assert any(c.args[1] > 1 for c in ex.make_cases())  # chunks of several entries are asked too
+
+    def package(row, chunk_size):  # the cold review's route 08-c
+        from attncourse import online_softmax_trace
+        t = online_softmax_trace(torch.tensor(row, dtype=torch.float64), chunk_size=chunk_size)
+        return t["running_max"].tolist(), t["rescale"].tolist(), t["running_sum"].tolist()
+
+    def checker_reference(row, chunk_size):
+        from attncourse.classroom.checks.ch08 import rescale_trace_reference
+        return rescale_trace_reference(row, chunk_size)
+
+    for route in (package, checker_reference):
+        assert "called" in refused("08-predict-rescale", route, tmp_path, monkeypatch)[0]
+
+    printed = predicted((2.0, 1.0, 4.0, 4.0, 3.0), 1)
+
+    def typed(row, chunk_size):  # the printed row's trace, typed in
+        return printed
+
+    def last_entry_only(row, chunk_size):  # a chunk's max read off its last entry
+        return predicted(tuple(row[min(i + chunk_size, len(row)) - 1] for i in range(0, len(row), chunk_size)), 1)
+
+    for wrong in (typed, last_entry_only):
+        msg = failure("08-predict-rescale", wrong)
+        assert "prediction is not right" in msg and "0.1353" not in msg and "0.135" not in msg
 
 
 # ----------------------------------------------------------------------------- 5. experiment

@@ -71,7 +71,32 @@ def test_tile_backward_right_and_library_routes(tmp_path, monkeypatch):
         ((d_out * (p @ v)).sum() - (delta * p.sum(-1, keepdim=True)).sum()).backward()
         return q.grad, k.grad, v.grad
 
-    for route in (private_backward, func_vjp, autograd_functional, backward_method):
+    def jacfwd_route(q, k, v, out, lse, d_out, scale):  # the cold review's route 09-b: forward-mode AD
+        def block(q, k, v):
+            p = (q @ k.transpose(-2, -1) * scale - lse[..., None]).exp()
+            delta = (d_out * out).sum(-1, keepdim=True)
+            return (d_out * (p @ v)).sum() - (delta * p.sum(-1, keepdim=True)).sum()
+        return torch.func.jacfwd(block, argnums=(0, 1, 2))(q, k, v)
+
+    def dual_numbers(q, k, v, out, lse, d_out, scale):  # forward-mode AD one basis direction at a time
+        import torch.autograd.forward_ad as fwAD
+        grads = []
+        for which, x in enumerate((q, k, v)):
+            g = torch.zeros_like(x).reshape(-1)
+            for i in range(g.numel()):
+                tangent = torch.zeros_like(x).reshape(-1)
+                tangent[i] = 1.0
+                with fwAD.dual_level():
+                    args = [q, k, v]
+                    args[which] = fwAD.make_dual(x, tangent.view_as(x))
+                    p = (args[0] @ args[1].transpose(-2, -1) * scale - lse[..., None]).exp()
+                    loss = (d_out * (p @ args[2])).sum() - ((d_out * out).sum(-1, keepdim=True) * p.sum(-1, keepdim=True)).sum()
+                    g[i] = fwAD.unpack_dual(loss).tangent
+                break  # one direction is enough to meet the guard
+            grads.append(g.view_as(x))
+        return tuple(grads)
+
+    for route in (private_backward, func_vjp, autograd_functional, backward_method, jacfwd_route, dual_numbers):
         msg = refused("09-tile-backward", route, tmp_path, monkeypatch)[0]
         assert "called" in msg, (route.__name__, msg)
 
@@ -79,63 +104,67 @@ def test_tile_backward_right_and_library_routes(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 2. find the bug: the window
 
 
-def windowed(q, k, v, window, block_q, block_k):
+def _fold(m, l, acc, s, v_blk):
+    """One tile into the running state, safe for rows that have seen no key yet (m = -inf)."""
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    ref = m_new.masked_fill(torch.isinf(m_new), 0.0)
+    p, alpha = torch.exp(s - ref), torch.exp(m - ref)
+    return m_new, alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v_blk
+
+
+def _tiled(q, k, v, window, block_q, block_k, first_block, fold=_fold):
     t, d = q.shape[-2], q.shape[-1]
     out = torch.empty_like(q)
     for q0 in range(0, t, block_q):
         q1 = min(q0 + block_q, t)
-        k_lo = max(q0 - window + 1, 0) // block_k * block_k
-        m0 = q.new_full((*q.shape[:-2], q1 - q0), -math.inf)
-        state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(*m0.shape, v.shape[-1]))
-        for k0 in range(k_lo, q1, block_k):
+        m = q.new_full((*q.shape[:-2], q1 - q0, 1), -math.inf)
+        l, acc = q.new_zeros(*q.shape[:-2], q1 - q0, 1), q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])
+        for k0 in range(first_block(q0, window, block_k), q1, block_k):
             k1 = min(k0 + block_k, q1)
             s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
             rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
             s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
-            state = online_attention_update(state, s, v[..., k0:k1, :])
-        out[..., q0:q1, :] = finalize_attention_state(state)[0]
+            m, l, acc = fold(m, l, acc, s, v[..., k0:k1, :])
+        out[..., q0:q1, :] = acc / l
     return out
+
+
+def _unsafe_fold(m, l, acc, s, v_blk):  # the exercise's bug: exp(-inf - (-inf)) for a row that saw nothing yet
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+    return m_new, alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v_blk
+
+
+def windowed(q, k, v, window, block_q, block_k):
+    return _tiled(q, k, v, window, block_q, block_k, lambda q0, w, bk: max(q0 - w + 1, 0) // bk * bk)
+
+
+def buggy(q, k, v, window, block_q, block_k):
+    return _tiled(q, k, v, window, block_q, block_k, lambda q0, w, bk: max(q0 - w + 1, 0) // bk * bk, _unsafe_fold)
 
 
 def dense_masked(q, k, v, window, block_q, block_k):  # the review's route: one update over all keys
     t, d = q.shape[-2], q.shape[-1]
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill((j > i) | (j <= i - window), -math.inf)
-    m0 = q.new_full(q.shape[:-1], -math.inf)
-    return finalize_attention_state(online_attention_update(AttentionState(m0, torch.zeros_like(m0),
-                                                                           torch.zeros_like(q)), s, v))[0]
+    m, l, acc = _fold(q.new_full((*q.shape[:-1], 1), -math.inf), q.new_zeros(*q.shape[:-1], 1), torch.zeros_like(q), s, v)
+    return acc / l
 
 
 def dense_by_query_block(q, k, v, window, block_q, block_k):  # query blocks, but all keys at once per block
-    t, d = q.shape[-2], q.shape[-1]
-    out = torch.empty_like(q)
-    for q0 in range(0, t, block_q):
-        q1 = min(q0 + block_q, t)
-        i, j = torch.arange(q0, q1)[:, None], torch.arange(t)[None, :]
-        s = (q[..., q0:q1, :] @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill((j > i) | (j <= i - window), -math.inf)
-        m0 = q.new_full((*q.shape[:-2], q1 - q0), -math.inf)
-        state = online_attention_update(AttentionState(m0, torch.zeros_like(m0), q.new_zeros(*m0.shape, v.shape[-1])),
-                                        s, v)
-        out[..., q0:q1, :] = finalize_attention_state(state)[0]
-    return out
+    return _tiled(q, k, v, window, block_q, q.shape[-2], lambda q0, w, bk: 0)
 
 
 def one_block_early(q, k, v, window, block_q, block_k):  # a safe margin: one tile before the band, every time
-    t, d = q.shape[-2], q.shape[-1]
-    out = torch.empty_like(q)
-    for q0 in range(0, t, block_q):
-        q1 = min(q0 + block_q, t)
-        k_lo = max(max(q0 - window + 1, 0) // block_k * block_k - block_k, 0)
-        m0 = q.new_full((*q.shape[:-2], q1 - q0), -math.inf)
-        state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(*m0.shape, v.shape[-1]))
-        for k0 in range(k_lo, q1, block_k):
-            k1 = min(k0 + block_k, q1)
-            s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
-            rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
-            s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
-            state = online_attention_update(state, s, v[..., k0:k1, :])
-        out[..., q0:q1, :] = finalize_attention_state(state)[0]
-    return out
+    return _tiled(q, k, v, window, block_q, block_k, lambda q0, w, bk: max(max(q0 - w + 1, 0) // bk * bk - bk, 0))
+
+
+def one_query_per_block(q, k, v, window, block_q, block_k):  # the cold review's route 09-a, for this bug: the buggy
+    return buggy(q, k, v, window, 1, block_k)                  # loop with blocks of one query, where it is right
+
+
+def one_key_per_tile(q, k, v, window, block_q, block_k):  # tiles of one key: still the buggy loop
+    return windowed(q, k, v, window, block_q, 1)
 
 
 def copies_keys_first(q, k, v, window, block_q, block_k):  # a copy of all keys, then tiles of the copy
@@ -152,6 +181,20 @@ def by_hand_softmax(q, k, v, window, block_q, block_k):
 def test_window_bug_right_answer_and_old_id(tmp_path, monkeypatch):
     accepted("09-find-the-bug-1", windowed, tmp_path, monkeypatch)
     checks.check("09-window-bug", windowed)  # the earlier id still checks
+    msg = failure("09-find-the-bug-1", buggy)  # the bug itself fails, on the cases the author did not test
+    assert "called" not in msg
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    for window, bq, bk in ((1, 1, 8), (5, 1, 8), (40, 8, 8), (100, 16, 4)):  # the author's tests: right there
+        torch.testing.assert_close(buggy(q, k, v, window, bq, bk), windowed(q, k, v, window, bq, bk))
+    assert torch.isnan(buggy(q, k, v, 8, 8, 8)).any()
+
+
+def test_window_bug_other_block_sizes_refused(tmp_path, monkeypatch):
+    for route in (one_query_per_block, one_key_per_tile):
+        case = checks.get("09-find-the-bug-1").make_cases()[1]
+        torch.testing.assert_close(route(*case.args), case.expected)
+        msg, graded = refused("09-find-the-bug-1", route, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and "grid" in msg, (route.__name__, msg)
 
 
 @pytest.mark.parametrize("route", [dense_masked, dense_by_query_block, one_block_early, copies_keys_first])
@@ -160,7 +203,7 @@ def test_window_bug_routes_that_read_outside_the_band_refused(route, tmp_path, m
     torch.testing.assert_close(route(*case.args), case.expected)
     msg, graded = refused("09-find-the-bug-1", route, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
-    assert not re.search(r"round|floor|ceil", msg.split("hint")[0])
+    assert not re.search(r"-inf|nan|finite", msg.split("hint")[0])
 
 
 def test_window_bug_library_routes_refused(tmp_path, monkeypatch):
@@ -179,7 +222,13 @@ def test_window_bug_library_routes_refused(tmp_path, monkeypatch):
         i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, (j <= i) & (j > i - window))[0]
 
-    for route in (package, oracle, aten_sdpa, by_hand_softmax):
+    def chapter_08_helpers(q, k, v, window, bq, bk):  # the package's safe update in place of the fix
+        def fold(m, l, acc, s, v_blk):
+            state = online_attention_update(AttentionState(m[..., 0], l[..., 0], acc), s, v_blk)
+            return state.m[..., None], state.l[..., None], state.acc
+        return _tiled(q, k, v, window, bq, bk, lambda q0, w, b: max(q0 - w + 1, 0) // b * b, fold)
+
+    for route in (package, oracle, aten_sdpa, by_hand_softmax, chapter_08_helpers):
         assert "called" in refused("09-find-the-bug-1", route, tmp_path, monkeypatch)[0], route.__name__
 
 
@@ -200,6 +249,45 @@ def test_prediction_verify_cell_waits_for_a_pass():
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and "hbm_traffic" in cell.source:
             assert cell.source.startswith('if passed("09-predict-hbm")'), i
+
+
+def hbm_prediction(seq_len, head_dim, sram):
+    n, d = seq_len, head_dim
+    t = -(-n // -(-sram // (4 * d)))
+    return 3 * n * d + 2 * n + t * (3 * n * d + 4 * n), 2 * n * d + n + 2 * t * n * d
+
+
+def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
+    from test_salting import SALT, _grader as salted_grader
+
+    accepted("09-predict-hbm", hbm_prediction, tmp_path, monkeypatch)
+    ex = checks.get("09-predict-hbm")
+    assert salted_grader(ex, hbm_prediction, SALT, tmp_path, monkeypatch)[0] == "passed"
+
+    def package(seq_len, head_dim, sram):  # the cold review's route 09-c
+        from attncourse.flash_io import hbm_traffic_fa2, hbm_traffic_flash
+        return hbm_traffic_flash(seq_len, head_dim, sram).total, hbm_traffic_fa2(seq_len, head_dim, sram).total
+
+    def checker_reference(seq_len, head_dim, sram):
+        from attncourse.classroom.checks.ch09 import hbm_totals_reference
+        return hbm_totals_reference(seq_len, head_dim, sram)
+
+    for route in (package, checker_reference):
+        assert "called" in refused("09-predict-hbm", route, tmp_path, monkeypatch)[0]
+
+    printed = hbm_prediction(4096, 128, 65536)
+
+    def typed(seq_len, head_dim, sram):  # the printed configuration's totals, typed in
+        return printed
+
+    def floor_blocks(seq_len, head_dim, sram):  # a partial last block forgotten
+        n, d = seq_len, head_dim
+        t = n // -(-sram // (4 * d))
+        return 3 * n * d + 2 * n + t * (3 * n * d + 4 * n), 2 * n * d + n + 2 * t * n * d
+
+    for wrong in (typed, floor_blocks):
+        msg = failure("09-predict-hbm", wrong)
+        assert "prediction is not right" in msg and f"{printed[0]}" not in msg and f"{printed[0]:,}" not in msg
 
 
 # ----------------------------------------------------------------------------- 4. experiment

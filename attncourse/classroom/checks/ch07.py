@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -72,9 +73,15 @@ def _shortcut_cache_mask_masks(q_len, k_len, window=None):
                "condition on the same query-key distances")
 def _cache_mask_cases():
     """The (Tq, Tk) mask of a chunk of new queries after a KV cache, with an optional sliding window."""
+    gen = torch.Generator().manual_seed(76)  # three more alignments, drawn (a salted grader draws others)
+    drawn = []
+    for _ in range(3):
+        tk = int(torch.randint(2, 24, (1,), generator=gen))
+        tq = int(torch.randint(1, tk + 1, (1,), generator=gen))
+        drawn.append((tq, tk, int(torch.randint(1, tk + 2, (1,), generator=gen))))
     cases = []
     for tq, tk, w in ((1, 1, None), (1, 7, None), (3, 8, None), (5, 5, None), (2, 13, None), (4, 6, 3),
-                      (1, 9, 4), (6, 6, 2), (3, 10, 1), (2, 5, 50)):
+                      (1, 9, 4), (6, 6, 2), (3, 10, 1), (2, 5, 50), *drawn):
         cases.append(Case(f"Tq={tq}, Tk={tk}, window={w}", (tq, tk, w), expected=_reference_cache_mask(tq, tk, w),
                           compare="equal"))
     return cases
@@ -126,12 +133,22 @@ def _writes_into(run, label: str) -> bool:
     return False
 
 
+_VIEWS = re.compile(r"^(view|_unsafe_view|reshape|expand|permute|transpose|t|slice|select|unsqueeze|squeeze|alias|"
+                    r"detach|lift_fresh|as_strided|split|split_with_sizes|unbind|chunk|narrow|diagonal|unfold|"
+                    r"empty|empty_like|empty_strided|zeros_like|ones_like|full_like|new_empty|new_zeros|new_full|"
+                    r"new_ones|sym_size|sym_stride|sym_numel|sym_storage_offset|is_same_size|"
+                    r"_has_compatible_shallow_copy_type)$")
+
+
 def _copies(run, label: str) -> bool:
-    """Whether the answer copied (a view of) the input `label` into a new tensor."""
+    """Whether the answer computed anything from (a view of) the input `label` other than writing into it: a clone,
+    a product by 1, an addition of 0 all make a new tensor of the cached values, where views are asked for."""
     for name, _launch, _helper, tensors in run.trace["ops"]:
         op = name.split("::")[-1].split(".")[0]
-        source = tensors[-1] if op == "copy_" and tensors else tensors[0] if tensors else None
-        if op in ("clone", "_to_copy", "copy_", "contiguous", "index_select", "cat") and source and source[0] == label:
+        if _VIEWS.match(op):
+            continue
+        read = tensors[1:] if op.endswith("_") and op in _READS_NOT_WRITES else tensors  # the write's target aside
+        if any(t[0] == label for t in read):
             return True
     return False
 
@@ -178,12 +195,14 @@ def _update():
 # ----------------------------------------------------------------------------- 3. find the bug
 
 
-def _decode_reference(state: dict, x: torch.Tensor) -> torch.Tensor:
+def _decode_reference(state: dict, x: torch.Tensor, n_sink: int, window: int) -> torch.Tensor:
     mha = MultiHeadAttention(16, 4)
     mha.load_state_dict(state)
-    pe = sinusoidal_positions(x.shape[1], 16)  # (T, d)
+    t = x.shape[1]
+    pe = sinusoidal_positions(t, 16)  # (T, d)
+    keep = materialize(attention_sink(n_sink, window), t, t)  # (T, T): sinks + the last `window` keys
     with torch.no_grad():
-        return mha(x + pe, is_causal=True)  # (B, T, d): the full forward the decode must reproduce
+        return mha(x + pe, attn_mask=keep)  # (B, T, d): the full forward the decode must reproduce
 
 
 _PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "mv", "dot", "addmv", "addbmm", "einsum",
@@ -196,16 +215,17 @@ def _is_product(name: str) -> bool:
 
 
 def _one_token_per_step(runs) -> str | None:
-    """Every matrix product the answer (or the model it calls) runs sees one token per sequence: a tensor with a
-    model-wide axis (d_model = 16) holds at most B rows, the weights aside."""
+    """Every matrix product with a projection weight that the answer (or the model it calls) runs sees one token per
+    sequence: the other operand, with its model-wide axis (d_model = 16), holds at most B rows. Products inside
+    attention (scores, weights times values) hold the cached keys and are not counted."""
     for run in runs:
-        state, x = run.case.args
+        state, x = run.case.args[:2]
         b, t, d = x.shape
         if t == 1:
             continue
         weights = {tuple(v.shape) for v in state.values()} | {tuple(v.shape[::-1]) for v in state.values()}
         for name, _launch, _helper, tensors in run.trace["ops"]:
-            if not _is_product(name):
+            if not _is_product(name) or not any(tuple(shape) in weights for _l, _o, shape, _s in tensors):
                 continue
             for _label, _offset, shape, _stride in tensors:
                 if tuple(shape) in weights or d not in shape[-2:]:
@@ -217,47 +237,58 @@ def _one_token_per_step(runs) -> str | None:
     return None
 
 
-def _breaker_full_forward(state, x):
-    """The full forward, no decode and no cache: right output, refused by the property."""
+def _breaker_full_forward(state, x, n_sink, window):
+    """The full masked forward, no decode and no cache: right output, refused by the property."""
     mha = MultiHeadAttention(16, 4)
     mha.load_state_dict(state)
+    t = x.shape[1]
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     with torch.no_grad():
-        return mha(x + sinusoidal_positions(x.shape[1], 16), is_causal=True)
+        return mha(x + sinusoidal_positions(t, 16), attn_mask=(j <= i) & ((j < n_sink) | (i - j < window)))
 
 
-def _breaker_recompute_prefix(state, x):
+def _breaker_recompute_prefix(state, x, n_sink, window):
     """Token by token, but every step recomputes the whole prefix (no cache): refused by the property."""
     mha = MultiHeadAttention(16, 4)
     mha.load_state_dict(state)
     t = x.shape[1]
     pe = sinusoidal_positions(t, 16)
+    outs = []
     with torch.no_grad():
-        return torch.cat([mha(x[:, :i + 1] + pe[:i + 1], is_causal=True)[:, -1:] for i in range(t)], dim=1)
+        for n in range(1, t + 1):
+            i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+            keep = (j <= i) & ((j < n_sink) | (i - j < window))
+            outs.append(mha(x[:, :n] + pe[:n], attn_mask=keep)[:, -1:])
+    return torch.cat(outs, dim=1)
 
 
 @exercise("07-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("07-decode-bug",),
-          allow=("attncourse.mha.MultiHeadAttention", "attncourse.kv_cache.KVCache",
-                 "attncourse.positions.sinusoidal_positions"),
+          allow=("attncourse.mha.MultiHeadAttention", "attncourse.kv_cache.SinkWindowCache",
+                 "attncourse.kv_cache.KVCache", "attncourse.positions.sinusoidal_positions"),
           ops=("attention",), prop=_one_token_per_step, breakers=(_breaker_full_forward, _breaker_recompute_prefix),
           prop_doc="a decode step is fed one new token per sequence (every matrix product sees B rows, seen in the "
                    "trace); the cache holds the rest",
-          bug_words=("offset", "position zero", "same position for every", "always at position", "pe[0]",
-                     "pe[t]", "pe[i]", "position 0 at every", "position 0 to every", "first position every",
-                     "sinusoidal_positions(t, d)[t", "current position", "absolute position of the new",
-                     "index the position", "wrong position", "every token gets the position", "position of the token"),
-          title="Fix a token-by-token decode loop that disagrees with the full forward",
-          hint="for a few steps, print what the loop adds to the input of that step next to what the full forward "
-               "adds to the same token")
+          bug_words=("live keys instead", "keys it holds", "keys held", "keys the cache holds",
+                     "number of keys in the cache", "stops counting", "stays at n_sink",
+                     "frozen position", "position freezes", "position stops", "same position once",
+                     "tokens held", "held, not", "not the number of tokens", "tokens seen so far", "cache.seen",
+                     "len(cache) is not", "len(cache) counts", "len(cache) stops", "len(cache) caps",
+                     "evicted tokens", "once it evicts", "counts only the"),
+          title="Fix a token-by-token decode that passes its author's test",
+          hint="its author tested a stream shorter than the cache's bound: try longer ones, and compare, step by step, "
+               "what the loop adds to each token's input with what the full forward adds to the same token")
 def _decode_bug():
-    """Fix a token-by-token decode loop that disagrees with the full forward."""
+    """Fix a token-by-token decode through a sink + window cache that disagrees with the full forward."""
     gen = torch.Generator().manual_seed(71)
     cases = []
-    for b, t in ((1, 6), (2, 9), (3, 1)):
+    for b, n_sink, window, extra in ((1, 2, 4, 0), (2, 2, 4, 7), (3, 0, 3, 5), (1, 4, 2, 9), (2, 1, 1, 3)):
+        t = n_sink + window + extra + (int(torch.randint(0, 3, (1,), generator=gen)) if extra else 0)  # 0: no eviction
         with torch.random.fork_rng():  # fresh weights without touching the notebook's global RNG
             torch.manual_seed(int(torch.randint(0, 10_000, (1,), generator=gen)))
             state = {k: v.clone() for k, v in MultiHeadAttention(16, 4).state_dict().items()}
         x = torch.randn(b, t, 16, generator=gen)
-        cases.append(Case(f"B={b}, T={t}", (state, x), expected=_decode_reference(state, x), rtol=1e-4, atol=1e-5))
+        cases.append(Case(f"B={b}, T={t}, n_sink={n_sink}, window={window}", (state, x, n_sink, window),
+                          expected=_decode_reference(state, x, n_sink, window), rtol=1e-4, atol=1e-5))
     return cases
 
 
@@ -278,10 +309,18 @@ def _visible_to_next(pos: torch.Tensor, n_sink: int, window: int) -> torch.Tenso
                "later query could see a key that the next one cannot")
 def _evict():
     """Which cached positions a sink + window cache must keep after an update (bool (S,) mask)."""
+    gen = torch.Generator().manual_seed(77)  # three more caches, drawn (a salted grader draws others)
+    drawn = []
+    for _ in range(3):
+        n_sink, window = int(torch.randint(0, 5, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
+        newest = int(torch.randint(n_sink + window, 200, (1,), generator=gen))
+        older = torch.randperm(newest, generator=gen)[:int(torch.randint(3, 12, (1,), generator=gen))]
+        recent = range(max(newest - window - int(torch.randint(0, 4, (1,), generator=gen)), 0), newest + 1)
+        drawn.append((sorted({*older.tolist(), *range(n_sink), *recent}), n_sink, window))
     cases = []
     for positions, n_sink, window in (([0, 1, 2, 3, 4, 5], 0, 3), ([0, 1, 2, 3, 4, 5, 6, 7, 8], 2, 4),
                                       ([0, 1, 5, 6, 7, 8], 2, 4), ([0, 3, 4, 5], 1, 1), ([0, 1, 2], 4, 2),
-                                      ([0, 1, 2, 3, 96, 97, 98, 99, 100], 4, 5)):
+                                      ([0, 1, 2, 3, 96, 97, 98, 99, 100], 4, 5), *drawn):
         pos = torch.tensor(positions)
         # a key is kept iff the next query (hence every later one) may still attend to it
         cases.append(Case(f"positions {positions}, n_sink={n_sink}, window={window}", (pos, n_sink, window),
@@ -292,23 +331,54 @@ def _evict():
 # ----------------------------------------------------------------------------- 5. predict
 
 
-def _predictions() -> tuple[int, int, int]:
-    nbytes = KVCache(3, 2, 64, 100, dtype=torch.bfloat16).nbytes  # one GQA layer, bf16, preallocated for 100
-    cache = SinkWindowCache(1, 1, 2, window=4, n_sink=8)
-    for _ in range(5):  # fewer tokens than sinks
-        cache.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
-    allowed = int(materialize(sliding_window(1), 6, 9).sum())
-    return nbytes, len(cache), allowed
+SIZES_QUESTION = ((3, 2, 64, 100, 2), (4, 8, 5), (6, 9, 1))  # the configuration the exercise prints
 
 
-@exercise("07-predict-sizes", "predicted_sizes", kind="value", points=1, category="predict",
-          parts=("KVCache bytes", "SinkWindowCache length with fewer tokens than sinks", "allowed pairs"),
-          hint="a preallocated cache holds keys and values for its whole capacity, at the size of its dtype; a "
-               "sink is kept forever once it has arrived; a window counts the query's own key")
+def predicted_sizes_reference(cache: tuple, sink_cache: tuple, mask: tuple) -> tuple[int, int, int]:
+    """The checker's reference, measured with the package: (bytes of a preallocated KVCache, len of a
+    SinkWindowCache after some one-token updates, True entries of a materialised sliding-window mask).
+
+    cache = (batch_size, n_kv_heads, head_dim, capacity, bytes_per_element: 2 or 4),
+    sink_cache = (window, n_sink, n_tokens), mask = (q_len, k_len, window)."""
+    b, h, d, capacity, nbytes = cache
+    dtype = {2: torch.bfloat16, 4: torch.float32}[nbytes]
+    window, n_sink, n_tokens = sink_cache
+    ring = SinkWindowCache(1, 1, 1, window=window, n_sink=n_sink)
+    for _ in range(n_tokens):
+        ring.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    q_len, k_len, w = mask
+    return (KVCache(b, h, d, capacity, dtype=dtype).nbytes, len(ring),
+            int(materialize(sliding_window(w), q_len, k_len).sum()))
+
+
+@exercise("07-predict-sizes", "predicted_sizes", points=1, category="predict",
+          parts=("KVCache bytes", "SinkWindowCache length", "allowed pairs"),
+          forbid=("attncourse.kv_cache.KVCache", "attncourse.kv_cache.SinkWindowCache", "attncourse.gqa.kv_cache_bytes",
+                  *_MASK_FUNCTIONS),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is three counts in plain integers, written as a function of the configuration so "
+                   "that no package call (the caches themselves, the mask functions, the checker's reference) can "
+                   "stand in for it: equal counts on every configuration, the exercise's and drawn ones, are the skill",
+          hint="a preallocated cache holds keys and values for its whole capacity, whatever is filled, at the size of "
+               "its dtype; a sink is kept forever once it has arrived, and a window cache keeps only the keys the "
+               "next query may still see; materialize puts query i at position i (top-left): count, row by row, "
+               "the keys a window of W lets it see, and mind the rows near either end")
 def _predict():
-    """Predict a cache's bytes, a bounded cache's length, and a window mask's number of allowed pairs."""
-    return [Case("(KVCache bytes, SinkWindowCache length, allowed pairs)",
-                 expected=_predictions(), compare="equal")]
+    """Predict, as a function of the configuration, a KVCache's bytes, a SinkWindowCache's length after some
+    one-token updates, and the allowed pairs of a sliding-window mask."""
+    gen = torch.Generator().manual_seed(75)  # two more configurations, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [SIZES_QUESTION]
+    for evicting in (True, False):  # one stream long enough to evict, one not (yet)
+        cache = (pick(1, 4), 2 ** pick(0, 3), 16 * pick(1, 8), pick(1, 300), 2 * pick(1, 2))
+        window, n_sink = pick(1, 8), pick(0, 4)
+        n_tokens = n_sink + window + pick(0, 12) if evicting else pick(1, n_sink + window - 1 if n_sink + window > 1
+                                                                          else 1)
+        q_len, k_len = (pick(1, 10), pick(10, 20)) if evicting else (pick(8, 16), pick(1, 7))  # Tq < Tk, Tq > Tk
+        configs.append((cache, (window, n_sink, n_tokens), (q_len, k_len, pick(1, 6))))
+    return [Case(f"cache (B, Hkv, D, capacity, bytes)={c}, sink cache (window, n_sink, tokens)={s}, "
+                 f"mask (Tq, Tk, window)={m}", (c, s, m), expected=predicted_sizes_reference(c, s, m),
+                 compare="equal") for c, s, m in configs]
 
 
 # ----------------------------------------------------------------------------- 6. experiment

@@ -146,10 +146,16 @@ def _shortcut_logsumexp(chunks, chunk_size):
     return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
 
 
-_REDUCTIONS = re.compile(r"^(sum|nansum|mean|amax|amin|max|min|aminmax|prod|all|any|norm|linalg_vector_norm|var|std|"
-                         r"var_mean|std_mean|cumsum|cumprod|cummax|cummin|sort|topk|argmax|argmin|median|nanmedian|"
-                         r"kthvalue|mode|count_nonzero|logsumexp|logcumsumexp|mm|mv|bmm|addmm|addmv|matmul|dot|vdot|"
-                         r"einsum|tensordot|baddbmm|max_pool\w*|avg_pool\w*)$")
+_REDUCTIONS = re.compile(r"^(sum|nansum|mean|nanmean|amax|amin|max|min|aminmax|prod|all|any|norm|linalg_vector_norm|"
+                         r"var|std|var_mean|std_mean|cumsum|cumprod|cummax|cummin|sort|topk|argmax|argmin|median|"
+                         r"nanmedian|kthvalue|mode|count_nonzero|logsumexp|logcumsumexp|mm|mv|bmm|addmm|addmv|matmul|"
+                         r"dot|vdot|inner|outer|linear|einsum|tensordot|baddbmm|addbmm|chain_matmul|multi_dot|"
+                         r"\w*pool\w*|\w*conv\w*|convolution\w*|cudnn\w*|mkldnn\w*|embedding_bag\w*|"
+                         r"segment_reduce|scatter_reduce\w*|scatter_add\w*|index_add\w*|index_reduce\w*|"
+                         r"bincount|histc|histogram\w*|trapz|trapezoid|cumulative_trapezoid|renorm|"
+                         r"unique\w*|searchsorted|bucketize|nanquantile|quantile|msort|argsort|fft_\w*|_fft_\w*|"
+                         r"\w*_loss|\w*_loss_forward|cross_entropy\w*|nll_loss\w*|cosine_similarity|pdist|cdist|"
+                         r"_cdist_forward|_euclidean_dist)$")
 
 
 _ENTRIES_PER_ELEMENT = 40  # one pass reads about 10-25 entries per entry of x (measured: tests/test_ch08_checks.py)
@@ -167,9 +173,9 @@ def _reads_once(runs) -> str | None:
             return f"case '{run.case.name}': your code took {run.trace.get('chunks', 0)} of the {expected_chunks} chunks"
         ops = run.trace["ops"]
         for name, _launch, _helper, tensors in ops:
-            if _REDUCTIONS.match(_op(name).lstrip("_")) and tensors and len(tensors[0][2]) and \
-                    tensors[0][2][-1] > chunk_size:
-                return (f"case '{run.case.name}': your code reduces over {tensors[0][2][-1]} entries of a row at once, "
+            wide = max((shape[-1] for _l, _o, shape, _s in tensors if len(shape)), default=0)
+            if _REDUCTIONS.match(_op(name).lstrip("_")) and wide > chunk_size:
+                return (f"case '{run.case.name}': your code reduces over {wide} entries of a row at once, "
                         f"more than a chunk ({chunk_size}): it kept the chunks and made another pass over them; "
                         "fold each chunk into the running state while you hold it")
         # the stream ends where the guard overwrites its last chunk with NaN (the first fill_ of that chunk: a label
@@ -338,16 +344,36 @@ def _merge_bug():
 # ----------------------------------------------------------------------------- 4. predict the trace
 
 
-@exercise("08-predict-rescale", "predicted", kind="value", points=1, category="predict",
+def rescale_trace_reference(row: tuple, chunk_size: int) -> tuple[list, list, list]:
+    """The checker's reference, from the package's trace: (running_max, rescale, running_sum) after each chunk of
+    `chunk_size` entries of `row` (a tuple of floats)."""
+    t = online_softmax_trace(torch.tensor(row, dtype=torch.float64), chunk_size=chunk_size)
+    return t["running_max"].tolist(), t["rescale"].tolist(), t["running_sum"].tolist()
+
+
+@exercise("08-predict-rescale", "predicted", points=1, category="predict",
           parts=("running_max", "rescale", "running_sum"),
-          hint="go one entry at a time: the running maximum only ever grows; the factor applied to the old sum is "
+          forbid=("attncourse.online_softmax.online_softmax_trace", "attncourse.online_softmax.softmax_state",
+                  "attncourse.online_softmax.online_softmax_state", "attncourse.online_softmax.merge_softmax_states"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is the recurrence's values in plain Python floats, written as a function of the row "
+                   "and the chunk size so that no package call (the package's trace, the checker's reference) can "
+                   "stand in for it: equal traces (to 1e-3) on every row, the exercise's and drawn ones with ties, "
+                   "drops and chunks of several entries, are the skill",
+          hint="go one chunk at a time: the running maximum only ever grows; the factor applied to the old sum is "
                "1 whenever the maximum stays put (and 0 at the first step, where there is nothing to rescale); the "
-               "sum shrinks by that factor, then gains the new entry's exponential relative to the current maximum")
+               "sum shrinks by that factor, then gains every new entry's exponential relative to the current maximum")
 def _predict():
-    """Predict the running max, the rescale factors and the running sum over the row (2, 1, 4, 4, 3)."""
-    t = online_softmax_trace(torch.tensor(PREDICT_ROW, dtype=torch.float64), chunk_size=1)
-    expected = (t["running_max"].tolist(), t["rescale"].tolist(), t["running_sum"].tolist())
-    return [Case("(running_max, rescale, running_sum) over (2, 1, 4, 4, 3)", expected=expected, rtol=1e-3, atol=1e-3)]
+    """Predict the running max, the rescale factors and the running sum of the online softmax, as a function of
+    (row, chunk_size)."""
+    gen = torch.Generator().manual_seed(84)  # three more rows, drawn (a salted grader draws others)
+    configs = [(PREDICT_ROW, 1)]
+    for chunk in (1, 2, 3):
+        n = int(torch.randint(5, 10, (1,), generator=gen))
+        row = tuple(float(v) for v in torch.randint(-2, 7, (n,), generator=gen).tolist())  # small ints: ties, drops
+        configs.append((row, chunk))
+    return [Case(f"(running_max, rescale, running_sum) over {row} in chunks of {chunk}", (row, chunk),
+                 expected=rescale_trace_reference(row, chunk), rtol=1e-3, atol=1e-3) for row, chunk in configs]
 
 
 # ----------------------------------------------------------------------------- 5. experiment: what rescaling costs

@@ -13,7 +13,6 @@ import torch
 
 from attncourse.flash import flash_attention, flash_attention_backward
 from attncourse.flash_io import hbm_traffic_fa2, hbm_traffic_flash
-from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
@@ -42,8 +41,13 @@ def _shortcut_autograd(q, k, v, out, lse, d_out, scale):
           forbid=("attncourse.flash.flash_attention_backward", "torch.autograd.grad", "torch.Tensor.backward",
                   "torch.autograd.backward", "torch.func.vjp", "torch.func.grad", "torch.func.jacrev",
                   "torch.autograd.functional.vjp", "torch.autograd.functional.jacobian",
+                  "torch.autograd.functional.jvp", "torch.autograd.functional.hessian", "torch.autograd.functional.vhp",
+                  "torch.autograd.functional.hvp", "torch.func.jacfwd", "torch.func.jvp", "torch.func.linearize",
+                  "torch.func.hessian", "torch.autograd.forward_ad.make_dual",
+                  "torch.autograd.forward_ad.unpack_dual", "torch.autograd.forward_ad.dual_level",
                   "torch.softmax", "torch.nn.functional.scaled_dot_product_attention"),
-          shortcuts=(_shortcut_tile_backward, _shortcut_autograd), allow=(), ops=("softmax", "attention", "logsumexp"),
+          shortcuts=(_shortcut_tile_backward, _shortcut_autograd), allow=(),
+          ops=("softmax", "attention", "logsumexp", "aten::_make_dual", "aten::_unpack_dual"),
           prop_doc="a block's gradients are their numbers: equality on partial blocks, Dv != D and scores x 20 (where "
                    "P must come from lse) is the property",
           title="The backward of one key block, probabilities rebuilt from lse",
@@ -110,8 +114,9 @@ def _rows(tensor, row_stride: int, batch_stride: int) -> tuple[int, int]:
 
 
 def _tiles_in_band(runs) -> str | None:
-    """Keys and values are read tile by tile (at most block_k rows per operator), only after a block of at most
-    block_q queries, and only from the key blocks that hold a key the window lets that query block see."""
+    """Keys and values are read tile by tile (at most block_k rows per operator, starting on the block_k grid), only
+    after a block of block_q queries (on the block_q grid: the blocks the call asks for, not smaller ones), and only
+    from the key blocks that hold a key the window lets that query block see."""
     for run in runs:
         q, _k, v, window, bq, bk = run.case.args
         t, d = q.shape[-2], q.shape[-1]
@@ -125,6 +130,9 @@ def _tiles_in_band(runs) -> str | None:
                     if b - a > bq:
                         return (f"case '{run.case.name}': one operator read {b - a} query rows at once; the loop takes "
                                 f"the queries one block of at most {bq} at a time")
+                    if a % bq or b - a != min(bq, t - a):
+                        return (f"case '{run.case.name}': one operator read query rows {a}..{b - 1}, not a block of "
+                                f"the grid of {bq}-row blocks the call asks for: keep block_q as given")
                     current = (a, b)
             for tensor in tensors:
                 if tensor[0] not in ("arg1", "arg2"):
@@ -134,6 +142,9 @@ def _tiles_in_band(runs) -> str | None:
                 if e - c > bk:
                     return (f"case '{run.case.name}': one operator read {e - c} {what} rows at once; keys and values "
                             f"are read one tile of at most {bk} rows at a time")
+                if c % bk:
+                    return (f"case '{run.case.name}': one operator read {what}s {c}..{e - 1}, which do not start a "
+                            f"tile of the grid of {bk}-row tiles the call asks for: keep block_k as given")
                 if current is None:
                     return f"case '{run.case.name}': {what}s were read before any block of queries"
                 a, b = current
@@ -146,14 +157,13 @@ def _tiles_in_band(runs) -> str | None:
 
 
 def _breaker_dense(q, k, v, window, block_q, block_k):
-    """Dense masked attention over all keys in one update: no tiles, no band (refused by the property)."""
+    """Dense masked attention over all keys in one pass, written out: no tiles, no band (refused by the property)."""
     t, d = q.shape[-2], q.shape[-1]
     s = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., T, T)
     rows, cols = torch.arange(t)[:, None], torch.arange(t)[None, :]
     s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
-    m0 = q.new_full(q.shape[:-1], -math.inf)
-    state = online_attention_update(AttentionState(m0, torch.zeros_like(m0), torch.zeros_like(q)), s, v)
-    return finalize_attention_state(state)[0]
+    p = torch.exp(s - s.amax(-1, keepdim=True))  # every row sees its own key: the max is finite
+    return (p @ v) / p.sum(-1, keepdim=True)
 
 
 def _breaker_causal_tiles(q, k, v, window, block_q, block_k):
@@ -162,34 +172,39 @@ def _breaker_causal_tiles(q, k, v, window, block_q, block_k):
     out = torch.empty_like(q)
     for q0 in range(0, t, block_q):
         q1 = min(q0 + block_q, t)
-        m0 = q.new_full((*q.shape[:-2], q1 - q0), -math.inf)
-        state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(*m0.shape, v.shape[-1]))
+        m = q.new_full((*q.shape[:-2], q1 - q0, 1), -math.inf)  # (..., Bq, 1)
+        l = q.new_zeros(*q.shape[:-2], q1 - q0, 1)  # noqa: E741
+        acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])  # (..., Bq, Dv)
         for k0 in range(0, q1, block_k):
             k1 = min(k0 + block_k, q1)
             s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
             rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
             s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
-            state = online_attention_update(state, s, v[..., k0:k1, :])
-        out[..., q0:q1, :] = finalize_attention_state(state)[0]
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            ref = m_new.masked_fill(torch.isinf(m_new), 0.0)
+            p, alpha = torch.exp(s - ref), torch.exp(m - ref)
+            l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k1, :], m_new  # noqa: E741
+        out[..., q0:q1, :] = acc / l
     return out
 
 
 @exercise("09-find-the-bug-1", "windowed_attention_fixed", points=2, category="bug", aliases=("09-window-bug",),
           forbid=("attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
-                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          allow=("attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.finalize_attention_state",
-                 "attncourse.online_softmax.AttentionState"),
-          ops=("attention", "softmax", "logsumexp"), prop=_tiles_in_band,
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
+                  "attncourse.online_softmax.online_attention_update"),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_tiles_in_band,
           breakers=(_breaker_dense, _breaker_causal_tiles),
-          prop_doc="keys and values are read tile by tile, only from the tiles the window lets each query block see "
-                   "(every read's rows, from the trace)",
-          bug_words=("rounds up", "rounded up", "round down", "rounding", "multiple above", "first tile too late",
-                     "skips a tile", "first visible", "block that holds", "one block too late", "floor",
-                     "ceil", "ceiling", "one tile too late", "next block", "starts one block", "holds first_key",
-                     "skips the block", "skips the first block", "misses the first"),
-          title="Fix a sliding-window tiled attention that is right for some windows only",
-          hint="for each query block, print the range of keys the loop visits next to the keys the block's queries "
-               "may see, for a window and block sizes where the output is wrong")
+          prop_doc="keys and values are read tile by tile, on the block grid the call asks for, only from the tiles "
+                   "the window lets each query block see (every read's rows, from the trace)",
+          bug_words=("-inf - -inf", "-inf minus -inf", "inf - inf", "infinity minus infinity", "inf minus inf",
+                     "-inf - (-inf)", "fully masked row", "row is fully masked", "rows fully masked",
+                     "sees no key in the first", "no key in the first tile", "max is still -inf", "max stays -inf",
+                     "m_new is -inf", "still minus infinity", "isinf(m_new", "isneginf(m_new", "safe max",
+                     "finite reference", "0 * nan", "nan * 0"),
+          title="Fix a sliding-window tiled attention that passes its author's tests",
+          hint="its author tested decoding (one query per block) and windows wider than the sequence: build an input "
+               "they did not try, find the first tile after which a row's running state is no longer a number, and "
+               "ask what that row could see in that tile, and what the lesson's argument for the first tile assumed")
 def _window_bug():
     """Tiled causal attention with a sliding window that must visit only the key blocks inside the band."""
     gen = torch.Generator().manual_seed(12)
@@ -210,18 +225,38 @@ def _window_bug():
 # ----------------------------------------------------------------------------- 3. predict: the two loop orders
 
 
-@exercise("09-predict-hbm", "hbm_prediction", kind="value", points=2, category="predict",
+def hbm_totals_reference(seq_len: int, head_dim: int, sram: int) -> tuple[int, int]:
+    """The checker's reference, from the package's models: (FlashAttention-1 total, FlashAttention-2 total) HBM
+    elements read plus written, one head, no mask."""
+    return hbm_traffic_flash(seq_len, head_dim, sram).total, hbm_traffic_fa2(seq_len, head_dim, sram).total
+
+
+@exercise("09-predict-hbm", "hbm_prediction", points=2, category="predict",
           parts=("FlashAttention-1 total", "FlashAttention-2 total"),
+          forbid=("attncourse.flash_io.hbm_traffic_flash", "attncourse.flash_io.hbm_traffic_fa2",
+                  "attncourse.flash_io.flash_block_sizes", "attncourse.flash_io.hbm_traffic_standard",
+                  "attncourse.flash_io.theorem2_bound"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is two counts in plain integers, written as a function of (N, d, M) so that no "
+                   "package call (the traffic models, the checker's reference) can stand in for it: equal counts on "
+                   "every configuration, the exercise's and drawn ones whose N is not a multiple of the block, are "
+                   "the skill",
           hint="for each loop order, ask which blocks stay on chip for the whole inner loop and which are read (and "
                "written) again on every pass of the outer loop; the lesson's two lists of what one pass moves are "
-               "all you need, with both block sizes taken from the SRAM as in Algorithm 1")
+               "all you need, with the block size taken from the SRAM as in Algorithm 1 (a last block may be partial, "
+               "but it is still a pass)")
 def _predict_hbm():
-    """Predict the HBM elements moved by FlashAttention-1's and FlashAttention-2's loop orders, N=4096, d=128,
-    M=65536."""
-    n, d, m = HBM_QUESTION["seq_len"], HBM_QUESTION["head_dim"], HBM_QUESTION["sram"]
-    expected = (hbm_traffic_flash(n, d, m).total, hbm_traffic_fa2(n, d, m).total)
-    return [Case("(FlashAttention-1 total, FlashAttention-2 total) for N=4096, d=128, M=65536", expected=expected,
-                 compare="equal")]
+    """Predict the HBM elements moved by FlashAttention-1's and FlashAttention-2's loop orders, as a function of
+    (seq_len N, head_dim d, sram M)."""
+    gen = torch.Generator().manual_seed(13)  # two more configurations, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [(HBM_QUESTION["seq_len"], HBM_QUESTION["head_dim"], HBM_QUESTION["sram"])]
+    for _ in range(2):
+        d = 32 * pick(1, 4)
+        m = 4 * d * pick(8, 96) + pick(0, 4 * d - 1)  # blocks of M / 4d rows, rounded up
+        configs.append((pick(500, 9000), d, m))
+    return [Case(f"(FlashAttention-1 total, FlashAttention-2 total) for N={n}, d={d}, M={m}", (n, d, m),
+                 expected=hbm_totals_reference(n, d, m), compare="equal") for n, d, m in configs]
 
 
 # ----------------------------------------------------------------------------- 4. experiment: bfloat16 error
