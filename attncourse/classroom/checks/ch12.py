@@ -362,8 +362,8 @@ def _sigmoid_bug():
 @exercise("12-find-the-bug-2", "lambda_init_schedule_fixed", points=1, category="bug", aliases=("12-lambda-bug",),
           forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
           allow=(), ops=(),
-          prop_doc="a schedule of numbers is a closed formula per layer: equal values for 1 to 12 layers are the "
-                   "skill once the package's diff_lambda_init is refused",
+          prop_doc="a schedule of numbers is a closed formula per layer: equal values for stacks of 1 to 32 layers "
+                   "are the skill once the package's diff_lambda_init is refused",
           bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
                      "starts at zero", "index shift", "exponent zero", "shifted by one",
                      "one layer too"),
@@ -371,9 +371,12 @@ def _sigmoid_bug():
                "first; then check what the loop passes in place of l")
 def _lambda_bug():
     """Fix the lambda_init schedule of a Differential Transformer stack."""
+    gen = torch.Generator().manual_seed(127)  # the stack depths are drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    depths = (1, pick(2, 4), pick(5, 9), pick(10, 32))  # a one-layer stack always: the case to work out by hand
     return [Case(f"n_layers={n}", (n,), expected=torch.tensor([diff_lambda_init(l) for l in range(1, n + 1)],
                                                              dtype=torch.float64), rtol=1e-12, atol=1e-12)
-            for n in (1, 2, 5, 12)]
+            for n in depths]
 
 
 ABLATION_VOCAB, ABLATION_SEG, ABLATION_BATCH = 32, 8, 64
