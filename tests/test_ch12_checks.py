@@ -212,3 +212,35 @@ def test_prediction_verify_cell_is_gated():
     nb = nbformat.read(ROOT / "exercises" / "12_attention_variants.ipynb", as_version=4)
     verify = [c.source for c in nb.cells if c.cell_type == "code" and "diff_lambda_init(" in c.source]
     assert verify and all('if passed("12-predict")' in src for src in verify)
+
+
+def test_cold_review_5_routes(tmp_path, monkeypatch):
+    """Review 5: F.pixel_unshuffle answers 12-patchify in one call (refused); a sigmoid attention whose bias is a
+    float32 log of Tk is right and must pass (it was refused at rtol 1e-7 with two equal printed numbers)."""
+    def unshuffle(images, p):
+        import torch.nn.functional as F
+        return F.pixel_unshuffle(images, p).flatten(2).transpose(1, 2)
+
+    refused("12-patchify", unshuffle, tmp_path, monkeypatch, because="pixel_unshuffle")
+
+    def op_unshuffle(images, p):  # the operator under another spelling
+        return torch.ops.aten.pixel_unshuffle(images, p).flatten(2).transpose(1, 2)
+
+    refused("12-patchify", op_unshuffle, tmp_path, monkeypatch, because="pixel_unshuffle")
+
+    def float32_bias(q, k, v, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - torch.log(torch.tensor(float(k.shape[-2])))
+        if is_causal:
+            s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        return torch.sigmoid(s) @ v
+
+    checks.check("12-sigmoid", float32_bias)
+
+    def wrong_bias(q, k, v, is_causal=False):  # log of the query length: still refused
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - math.log(q.shape[-2])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        return torch.sigmoid(s) @ v
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sigmoid", wrong_bias)

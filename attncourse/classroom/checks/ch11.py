@@ -293,10 +293,14 @@ def _paged_alibi_cases():
 
 def ring_backward_bytes(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
     """Bytes one rank sends in ring_attention's backward ring (RingAttentionFunction.backward), gradients in the
-    inputs' dtype: W - 1 exchanges of the travelling (K, V, dK, dV) block, then one of (dK, dV) alone."""
-    per_kv_pair = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)
-    block = per_kv_pair // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
-    return (4 * (world_size - 1) + 2) * block
+    inputs' dtype, counted by walking that function's steps."""
+    block = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element) \
+        // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
+    sent = 0
+    for step in range(world_size):
+        sent += 2 * block * (step < world_size - 1)  # what travels ahead of the step's compute
+        sent += 2 * block  # what travels after it
+    return sent
 
 
 @exercise("11-ring-bytes", "ring_prediction", points=1, category="predict",
