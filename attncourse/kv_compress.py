@@ -128,8 +128,8 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
     "recent" (the last `budget` prompt keys), "h2o" (:func:`h2o_keep`, `window` recent keys) or "snapkv"
     (:func:`snapkv_keep`). Evicted keys are hidden from the continuation's queries only (the prompt was prefilled
     with all of them), as when a server compresses after the prefill. Bytes: keys and values of the prompt per layer
-    and KV head, float16 for kept keys (int8 plus float16 scales for "int8"). Returns ``{"accuracy", "bytes",
-    "full_bytes"}``."""
+    and KV head, float16 for kept keys (int8 plus float16 scales for "int8"). Returns ``{"accuracy", "per_step"
+    (the accuracy of each decode step, over the batch), "bytes", "full_bytes"}``."""
     methods = ("full", "int8", "recent", "h2o", "snapkv")
     if method not in methods:
         raise ValueError(f"method must be one of {methods}, got {method!r}")
@@ -179,5 +179,6 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
             for hook in hooks:
                 hook.remove()
     pred = logits[:, prompt_len:-1].argmax(-1)  # the tokens decoded from the compressed cache
-    acc = (pred == tokens[:, prompt_len + 1:]).double().mean().item()
-    return {"accuracy": acc, "bytes": byte_count, "full_bytes": full_bytes}
+    hits = (pred == tokens[:, prompt_len + 1:]).double()  # (B, decode steps)
+    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "bytes": byte_count,
+            "full_bytes": full_bytes}

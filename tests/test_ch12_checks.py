@@ -244,3 +244,60 @@ def test_cold_review_5_routes(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed):
         checks.check("12-sigmoid", wrong_bias)
+
+
+def test_sink_logit_exercise(tmp_path, monkeypatch):
+    """12-sink-logit: the definition with a shared shift passes; the package's sink attention, PyTorch's kernel over
+    one more zero-valued key, an unshifted normaliser (NaN in float32 at scores near 300) and plain softmax attention
+    (the sink forgotten) are refused."""
+    def right(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        sk = sink.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        m = torch.maximum(s.amax(-1, keepdim=True), sk)
+        e = torch.exp(s - m)
+        return (e / (e.sum(-1, keepdim=True) + torch.exp(sk - m))) @ v
+
+    checks.check("12-sink-logit", right)
+
+    def package(q, k, v, sink, is_causal=False):
+        from attncourse.sink_variants import sink_softmax_attention
+        return sink_softmax_attention(q, k, v, sink, is_causal=is_causal)
+
+    refused("12-sink-logit", package, tmp_path, monkeypatch, because="called attncourse")
+
+    def extra_key(q, k, v, sink, is_causal=False):  # the lesson's check, as an answer: fused attention
+        import torch.nn.functional as F
+        b, h, tq, d = q.shape
+        k2 = torch.cat([k, torch.zeros(b, h, 1, d, dtype=k.dtype)], -2)
+        v2 = torch.cat([v, torch.zeros(b, h, 1, v.shape[-1], dtype=v.dtype)], -2)
+        bias = torch.zeros(b, h, tq, k.shape[-2] + 1, dtype=q.dtype)
+        if is_causal:
+            bias[..., :-1] = bias[..., :-1].masked_fill(~torch.ones(tq, k.shape[-2], dtype=torch.bool).tril(),
+                                                        float("-inf"))
+        bias[..., -1] = sink.view(1, h, 1)
+        return F.scaled_dot_product_attention(q, k2, v2, attn_mask=bias)
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sink-logit", extra_key)
+
+    def no_shift(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        e = torch.exp(s)
+        return (e / (e.sum(-1, keepdim=True) + torch.exp(sink).view(1, -1, 1, 1))) @ v
+
+    with pytest.raises(checks.CheckFailed, match="NaN or inf"):
+        checks.check("12-sink-logit", no_shift)
+
+    def no_sink(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sink-logit", no_sink)
