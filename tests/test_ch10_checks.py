@@ -131,7 +131,7 @@ def test_prediction_is_a_rule_judged_whole_never_the_value(tmp_path, monkeypatch
     refused("10-predict-decode", as_learner(package), tmp_path, monkeypatch, because="called attncourse")
 
     def checker(*args):  # the checks' own reference
-        from attncourse.classroom.checks.ch10 import _decode_expected
+        from attncourse.classroom.checks.ch10_predict import _decode_expected
         return _decode_expected(*args)
 
     refused("10-predict-decode", as_learner(checker), tmp_path, monkeypatch, because="called attncourse")
