@@ -12,7 +12,7 @@ from . import _validate
 from .ring import _split, _unsplit, ring_attention, ring_chunks, run_distributed
 from .sdpa import _check_qkv
 
-__all__ = ["distributed_training_step", "ring_overlap_timing"]
+__all__ = ["distributed_training_step", "ring_overlap_timing", "ring_training_record"]
 
 
 def _training_worker(rank: int, world_size: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -111,3 +111,35 @@ def ring_overlap_timing(world_size: int, *, seq_len: int = 4096, n_heads: int = 
         got[name] = [max(r["times"][overlap][i] for r in ranks) for i in range(repeats)]
         got[name + "_wait"] = [max(r["waits"][overlap][i] for r in ranks) for i in range(repeats)]
     return got
+
+
+def ring_training_record(world_size: int, *, seed: int = 0, batch: int = 1, n_heads: int = 4, seq_len: int = 48,
+                         head_dim: int = 16) -> dict:
+    """One causal ring training step on `world_size` gloo processes, both layouts, as plain numbers: what the
+    lesson stores from a ``FULL=1`` run and a test re-derives.
+
+    q, k, v and the output gradient are (batch, n_heads, seq_len, head_dim) float64, drawn in that order from
+    ``torch.Generator().manual_seed(seed)``. Returns ``{"world_size", "seed", "shape", "layouts": {layout: {"pairs",
+    "bytes", "bytes_backward", "max_err"}}}``: the pairs each rank scored, the bytes each rank handed to
+    ``dist.isend`` in the forward and in the backward ring, and the largest absolute difference of the output and
+    of dQ, dK, dV from single-process autograd over :func:`~attncourse.sdpa.scaled_dot_product_attention`.
+    Raises ValueError for sizes that do not split into 2 W chunks.
+    """
+    from .sdpa import scaled_dot_product_attention
+
+    for name, x in (("world_size", world_size), ("batch", batch), ("n_heads", n_heads), ("seq_len", seq_len),
+                    ("head_dim", head_dim)):
+        _validate.positive_int(name, x)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, n_heads, seq_len, head_dim)
+    q, k, v, g = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(4))
+    runs = distributed_training_step(q, k, v, g, world_size, is_causal=True, layout=("contiguous", "zigzag"))
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    single = scaled_dot_product_attention(*leaves, is_causal=True)
+    (single * g).sum().backward()
+    reference = {"out": single.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
+    layouts = {}
+    for layout, got in runs.items():
+        layouts[layout] = {"pairs": got["pairs"], "bytes": got["bytes"], "bytes_backward": got["bytes_backward"],
+                           "max_err": {name: float((got[name] - ref).abs().max()) for name, ref in reference.items()}}
+    return {"world_size": world_size, "seed": seed, "shape": list(shape), "layouts": layouts}

@@ -100,16 +100,67 @@ def test_decode_bug_check_catches_the_bug_and_only_it():
     assert "GQA: 8 query heads over 2 KV heads" in message  # MHA and MQA cases pass with the bug
 
 
-def test_prediction_is_judged_whole_never_the_value():
+def decode_rule(batch, heads, kv_heads, k_len, head_dim, num_splits, bytes_per_element):
+    """A learner's rule for 10-predict-decode, in plain integers."""
+    once = 2 * k_len * head_dim * bytes_per_element
+    return (batch * heads, batch * kv_heads, batch * heads * once, batch * kv_heads * once,
+            batch * kv_heads * num_splits, -(-k_len // num_splits))
+
+
+def test_prediction_is_a_rule_judged_whole_never_the_value(tmp_path, monkeypatch):
+    """10-predict-decode is a function of the step: the right rule passes, the package's decode_work, the checker's
+    own reference, a tensor computation and the exercise's six numbers typed in are refused, and a wrong rule is
+    told only that the prediction is not right."""
     ex = checks.get("10-predict-decode")
-    expected = ex.make_cases()[0].expected
-    wrong = list(expected)
-    wrong[2] = expected[3]  # the per-KV-head bytes given for the per-query-head grid
+    cases = ex.make_cases()
+    assert len(cases) >= 3 and len({c.args for c in cases}) == len(cases)  # the exercise's step and two drawn ones
+    assert any(c.args[3] % c.args[5] for c in cases)  # a cache the splits do not divide: the rounding counts
+    checks.check("10-predict-decode", decode_rule)
+    assert Grader(tmp_path, monkeypatch)(ex, as_learner(decode_rule), cases)[0] == "passed"
+
+    def package(batch, heads, kv_heads, k_len, head_dim, num_splits, bytes_per_element):  # the lesson's function
+        from attncourse.triton_decode import decode_work
+        plain = decode_work(batch, heads, kv_heads, k_len, head_dim, pack_gqa=False,
+                            bytes_per_element=bytes_per_element)
+        packed = decode_work(batch, heads, kv_heads, k_len, head_dim, bytes_per_element=bytes_per_element)
+        split = decode_work(batch, heads, kv_heads, k_len, head_dim, num_splits=num_splits,
+                            bytes_per_element=bytes_per_element)
+        return (plain["programs"], packed["programs"], plain["kv_bytes"], packed["kv_bytes"], split["programs"],
+                split["keys_per_program"])
+
+    refused("10-predict-decode", as_learner(package), tmp_path, monkeypatch, because="called attncourse")
+
+    def checker(*args):  # the checks' own reference
+        from attncourse.classroom.checks.ch10_predict import _decode_expected
+        return _decode_expected(*args)
+
+    refused("10-predict-decode", as_learner(checker), tmp_path, monkeypatch, because="called attncourse")
+
+    def tensors(batch, heads, kv_heads, k_len, head_dim, num_splits, bytes_per_element):  # arithmetic on tensors
+        t = torch.tensor([batch, heads, kv_heads, k_len, head_dim, num_splits, bytes_per_element])
+        return tuple(int(x) for x in decode_rule(*t.tolist())[:5]) + (int(torch.ceil(t[3] / t[5])),)
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("10-predict-decode", as_learner(tensors))
+
+    typed = decode_rule(2, 64, 8, 8192, 128, 16, 2)  # the exercise's six numbers, worked out once and typed in
+
+    def hard_coded(*args):
+        return typed
+
     with pytest.raises(checks.CheckFailed) as info:
-        checks.check("10-predict-decode", tuple(wrong))
+        checks.check("10-predict-decode", as_learner(hard_coded))
+    assert checks.predictions.NOT_RIGHT in str(info.value)
+
+    def floor_keys(*args):  # the keys per program rounded down: right on the exercise's step, wrong on drawn ones
+        return decode_rule(*args)[:5] + (args[3] // args[5],)
+
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check("10-predict-decode", as_learner(floor_keys))
     message = str(info.value)
-    assert checks.predictions.NOT_RIGHT in message and str(expected[2]) not in message
-    assert "K and V bytes, one per query head" not in message.split("hint:")[0]  # not which part
+    assert checks.predictions.NOT_RIGHT in message
+    assert not any(part in message.split("hint:")[0] for part in ex.parts)  # never which part
+    assert str(decode_rule(*cases[1].args)[5]) not in message.split("hint:")[0]  # never the value
 
 
 def test_experiment_recomputes_per_seed():

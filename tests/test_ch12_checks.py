@@ -212,3 +212,92 @@ def test_prediction_verify_cell_is_gated():
     nb = nbformat.read(ROOT / "exercises" / "12_attention_variants.ipynb", as_version=4)
     verify = [c.source for c in nb.cells if c.cell_type == "code" and "diff_lambda_init(" in c.source]
     assert verify and all('if passed("12-predict")' in src for src in verify)
+
+
+def test_cold_review_5_routes(tmp_path, monkeypatch):
+    """Review 5: F.pixel_unshuffle answers 12-patchify in one call (refused); a sigmoid attention whose bias is a
+    float32 log of Tk is right and must pass (it was refused at rtol 1e-7 with two equal printed numbers)."""
+    def unshuffle(images, p):
+        import torch.nn.functional as F
+        return F.pixel_unshuffle(images, p).flatten(2).transpose(1, 2)
+
+    refused("12-patchify", unshuffle, tmp_path, monkeypatch, because="pixel_unshuffle")
+
+    def op_unshuffle(images, p):  # the operator under another spelling
+        return torch.ops.aten.pixel_unshuffle(images, p).flatten(2).transpose(1, 2)
+
+    refused("12-patchify", op_unshuffle, tmp_path, monkeypatch, because="pixel_unshuffle")
+
+    def float32_bias(q, k, v, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - torch.log(torch.tensor(float(k.shape[-2])))
+        if is_causal:
+            s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        return torch.sigmoid(s) @ v
+
+    checks.check("12-sigmoid", float32_bias)
+
+    def wrong_bias(q, k, v, is_causal=False):  # log of the query length: still refused
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - math.log(q.shape[-2])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        return torch.sigmoid(s) @ v
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sigmoid", wrong_bias)
+
+
+def test_sink_logit_exercise(tmp_path, monkeypatch):
+    """12-sink-logit: the definition with a shared shift passes; the package's sink attention, PyTorch's kernel over
+    one more zero-valued key, an unshifted normaliser (NaN in float32 at scores near 300) and plain softmax attention
+    (the sink forgotten) are refused."""
+    def right(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        sk = sink.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        m = torch.maximum(s.amax(-1, keepdim=True), sk)
+        e = torch.exp(s - m)
+        return (e / (e.sum(-1, keepdim=True) + torch.exp(sk - m))) @ v
+
+    checks.check("12-sink-logit", right)
+
+    def package(q, k, v, sink, is_causal=False):
+        from attncourse.sink_variants import sink_softmax_attention
+        return sink_softmax_attention(q, k, v, sink, is_causal=is_causal)
+
+    refused("12-sink-logit", package, tmp_path, monkeypatch, because="called attncourse")
+
+    def extra_key(q, k, v, sink, is_causal=False):  # the lesson's check, as an answer: fused attention
+        import torch.nn.functional as F
+        b, h, tq, d = q.shape
+        k2 = torch.cat([k, torch.zeros(b, h, 1, d, dtype=k.dtype)], -2)
+        v2 = torch.cat([v, torch.zeros(b, h, 1, v.shape[-1], dtype=v.dtype)], -2)
+        bias = torch.zeros(b, h, tq, k.shape[-2] + 1, dtype=q.dtype)
+        if is_causal:
+            bias[..., :-1] = bias[..., :-1].masked_fill(~torch.ones(tq, k.shape[-2], dtype=torch.bool).tril(),
+                                                        float("-inf"))
+        bias[..., -1] = sink.view(1, h, 1)
+        return F.scaled_dot_product_attention(q, k2, v2, attn_mask=bias)
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sink-logit", extra_key)
+
+    def no_shift(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        e = torch.exp(s)
+        return (e / (e.sum(-1, keepdim=True) + torch.exp(sink).view(1, -1, 1, 1))) @ v
+
+    with pytest.raises(checks.CheckFailed, match="NaN or inf"):
+        checks.check("12-sink-logit", no_shift)
+
+    def no_sink(q, k, v, sink, is_causal=False):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sink-logit", no_sink)

@@ -281,27 +281,7 @@ def _decode_bug_cases():
 # ----------------------------------------------------------------------------- 4. predict
 
 
-DECODE_QUESTION = dict(batch=2, heads=64, kv_heads=8, k_len=8192, head_dim=128, num_splits=16)
-DECODE_PARTS = ("programs, one per query head", "programs, one per KV head", "K and V bytes, one per query head",
-                "K and V bytes, one per KV head", "programs, one per KV head and split",
-                "keys per program, with splits")
-
-
-@exercise("10-predict-decode", "decode_prediction", kind="value", points=2, category="predict", parts=DECODE_PARTS,
-          hint="one program per query head reads its KV head's whole cache, so a KV head is read once per query "
-               "head of its group; one program per KV head reads it once. Bytes: K and V, every cached position, "
-               "every head dim, 2 bytes each, times the number of readers. Splitting multiplies the programs and "
-               "divides the keys each one streams")
-def _predict_decode_cases():
-    """Predict the programs and the K/V bytes of one decode step (B=2, H=64, Hkv=8, Tk=8192, D=128, fp16)."""
-    td = _triton_decode()
-    q = DECODE_QUESTION
-    args = (q["batch"], q["heads"], q["kv_heads"], q["k_len"], q["head_dim"])
-    plain, packed = td.decode_work(*args, pack_gqa=False), td.decode_work(*args)
-    split = td.decode_work(*args, num_splits=q["num_splits"])
-    expected = (plain["programs"], packed["programs"], plain["kv_bytes"], packed["kv_bytes"], split["programs"],
-                split["keys_per_program"])
-    return [Case("B=2, H=64, Hkv=8, Tk=8192, D=128, float16, 16 splits", expected=expected, compare="equal")]
+# (the prediction, 10-predict-decode, lives in ch10_predict.py)
 
 
 # ----------------------------------------------------------------------------- 5. experiment

@@ -132,17 +132,38 @@ def _slot_reference(block_table, length, n_new, page_size, free_pages, last_page
                "which page does its first token land in, and which pages leave the free list, in what order?")
 def _slot_mapping():
     """The block table after a chunked append and the flat slot (page * P + offset) each new token is written to."""
+    gen = torch.Generator().manual_seed(112)  # the pages, page sizes and lengths are drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+
+    def state(n_table, length, n_new, page, shared):
+        """A pool of shuffled page numbers: the sequence's pages, then a free list with what the append needs."""
+        needed = -(-(length + n_new) // page) - n_table + (1 if shared and length % page else 0)
+        perm = torch.randperm(n_table + needed + pick(0, 3), generator=gen).tolist()
+        return (perm[:n_table], length, n_new, page, perm[n_table:], shared)
+
     cases = []
-    for name, args in (
-        ("3 tokens into a fresh sequence, pages of 4", ([], 0, 3, 4, [7, 2, 5], False)),
-        ("a chunk of 9 from position 6 crosses two page boundaries", ([4, 1], 6, 9, 4, [0, 6, 3, 2], False)),
-        ("the chunk ends exactly at a page boundary", ([3], 2, 6, 4, [1, 5, 0], False)),
-        ("the last page is shared after a fork: copy-on-write, then a new page", ([6, 2], 5, 5, 4, [4, 1, 0], True)),
-        ("a shared last page that is full is not copied", ([1, 3], 8, 2, 4, [5, 0], True)),
-        ("pages of 1 token", ([2], 1, 3, 1, [0, 4, 3, 5], False)),
-    ):
-        cases.append(Case(name, args, expected=_slot_reference(*args), compare="equal"))
-    return cases
+    page = pick(3, 6)
+    cases.append((f"{page - 1} tokens into a fresh sequence, pages of {page}", state(0, 0, page - 1, page, False)))
+    page, off, n_table = pick(3, 8), None, pick(2, 4)
+    off = pick(1, page - 1)
+    n_new = (page - off) + page + pick(1, page - 1)
+    cases.append((f"a chunk of {n_new} from position {(n_table - 1) * page + off} crosses two page boundaries",
+                  state(n_table, (n_table - 1) * page + off, n_new, page, False)))
+    page, n_table = pick(3, 8), pick(1, 3)
+    off = pick(1, page - 1)
+    n_new = (page - off) + page * pick(0, 2)
+    cases.append(("the chunk ends exactly at a page boundary", state(n_table, (n_table - 1) * page + off, n_new, page,
+                                                                    False)))
+    page, n_table = pick(3, 8), pick(1, 3)
+    off = pick(1, page - 1)
+    cases.append(("the last page is shared after a fork: copy-on-write, then a new page",
+                  state(n_table, (n_table - 1) * page + off, (page - off) + pick(1, page), page, True)))
+    page, n_table = pick(3, 8), pick(1, 3)
+    cases.append(("a shared last page that is full is not copied",
+                  state(n_table, n_table * page, pick(1, 2 * page), page, True)))
+    n_table = pick(1, 3)
+    cases.append(("pages of 1 token", state(n_table, n_table, pick(2, 4), 1, False)))
+    return [Case(name, args, expected=_slot_reference(*args), compare="equal") for name, args in cases]
 
 
 # ----------------------------------------------------------------------------- 3. merging two ranks' partials
@@ -272,10 +293,14 @@ def _paged_alibi_cases():
 
 def ring_backward_bytes(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
     """Bytes one rank sends in ring_attention's backward ring (RingAttentionFunction.backward), gradients in the
-    inputs' dtype: W - 1 exchanges of the travelling (K, V, dK, dV) block, then one of (dK, dV) alone."""
-    per_kv_pair = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)
-    block = per_kv_pair // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
-    return (4 * (world_size - 1) + 2) * block
+    inputs' dtype, counted by walking that function's steps."""
+    block = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element) \
+        // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
+    sent = 0
+    for step in range(world_size):
+        sent += 2 * block * (step < world_size - 1)  # what travels ahead of the step's compute
+        sent += 2 * block  # what travels after it
+    return sent
 
 
 @exercise("11-ring-bytes", "ring_prediction", points=1, category="predict",

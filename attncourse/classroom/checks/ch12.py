@@ -41,7 +41,7 @@ def _sigmoid():
         q, k, v = _qkv(gen, lead, tq, tk, d, dv)
         cases.append(Case(f"q {tuple(q.shape)}, k {tuple(k.shape)}, is_causal={causal}", (q, k, v),
                           {"is_causal": causal}, expected=sigmoid_attention(q, k, v, is_causal=causal),
-                          rtol=1e-7, atol=1e-9))
+                          rtol=1e-6, atol=1e-8))  # a bias computed in float32 (log of a float32 Tk) is still right
     return cases
 
 
@@ -296,15 +296,19 @@ def _shortcut_unfold(images, p):
     return F.unfold(images, p, stride=p).transpose(1, 2)
 
 
+def _shortcut_pixel_unshuffle(images, p):
+    return F.pixel_unshuffle(images, p).flatten(2).transpose(1, 2)
+
+
 @exercise("12-patchify", "my_patchify", points=2, category="implement",
           forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold",
-                  ),
-          allow=(), ops=("aten::im2col", "aten::col2im"),
+                  "torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle", "torch.nn.PixelUnshuffle"),
+          allow=(), ops=("aten::im2col", "aten::col2im", "aten::pixel_unshuffle", "aten::pixel_shuffle"),
           prop=_no_loop_over(lambda run: (run.case.args[0].shape[-2] // run.case.args[1])
                              * (run.case.args[0].shape[-1] // run.case.args[1]), "patches"),
           prop_doc="no Python loop over patches: the operation count does not grow with the number of patches",
           breakers=(_breaker_patchify,),
-          shortcuts=(_shortcut_patchify, _shortcut_unfold),
+          shortcuts=(_shortcut_patchify, _shortcut_unfold, _shortcut_pixel_unshuffle),
           hint="no loop is needed: reshape can split an axis in two and permute can reorder axes; decide which "
                "axes must sit next to each other for one patch to be contiguous")
 def _patchify():
@@ -355,15 +359,15 @@ def _sigmoid_bug():
               for _ in range(3)]
         cases.append(Case(f"x {tuple(x.shape)}, context {tuple(context.shape)}, n_heads={heads}",
                           (x, context, *ws, heads), expected=sigmoid_cross_attention_reference(x, context, *ws, heads),
-                          rtol=1e-7, atol=1e-9))
+                          rtol=1e-6, atol=1e-8))  # a float32 bias is still right
     return cases
 
 
 @exercise("12-find-the-bug-2", "lambda_init_schedule_fixed", points=1, category="bug", aliases=("12-lambda-bug",),
           forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
           allow=(), ops=(),
-          prop_doc="a schedule of numbers is a closed formula per layer: equal values for 1 to 12 layers are the "
-                   "skill once the package's diff_lambda_init is refused",
+          prop_doc="a schedule of numbers is a closed formula per layer: equal values for stacks of 1 to 32 layers "
+                   "are the skill once the package's diff_lambda_init is refused",
           bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
                      "starts at zero", "index shift", "exponent zero", "shifted by one",
                      "one layer too"),
@@ -371,9 +375,12 @@ def _sigmoid_bug():
                "first; then check what the loop passes in place of l")
 def _lambda_bug():
     """Fix the lambda_init schedule of a Differential Transformer stack."""
+    gen = torch.Generator().manual_seed(127)  # the stack depths are drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    depths = (1, pick(2, 4), pick(5, 9), pick(10, 32))  # a one-layer stack always: the case to work out by hand
     return [Case(f"n_layers={n}", (n,), expected=torch.tensor([diff_lambda_init(l) for l in range(1, n + 1)],
                                                              dtype=torch.float64), rtol=1e-12, atol=1e-12)
-            for n in (1, 2, 5, 12)]
+            for n in depths]
 
 
 ABLATION_VOCAB, ABLATION_SEG, ABLATION_BATCH = 32, 8, 64

@@ -1,0 +1,53 @@
+"""Chapter 12's exercise on a learned sink logit (gpt-oss), solutions/12_attention_variants.ipynb exercise 10."""
+
+from __future__ import annotations
+
+import torch
+
+from attncourse.sink_variants import sink_softmax_attention
+from . import Case, exercise
+
+
+# ----------------------------------------------------------------------------- a learned sink logit (gpt-oss)
+
+
+def _shortcut_sink(q, k, v, sink_logits, is_causal=False):
+    return sink_softmax_attention(q, k, v, sink_logits, is_causal=is_causal)
+
+
+@exercise("12-sink-logit", "sink_attn", points=2, category="implement",
+          forbid=("attncourse.sink_variants.sink_softmax_attention", "attncourse.sink_variants.SinkLogitAttention",
+                  "attncourse.sdpa.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
+                  "torch.nn.functional.scaled_dot_product_attention"),
+          allow=(), ops=("attention", "softmax", "logsumexp"),
+          prop_doc="a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300, "
+                   "where exponentials without a shift overflow), causal or not, Tq != Tk, once softmax, logsumexp, "
+                   "every fused attention and the package's sink attention are refused",
+          shortcuts=(_shortcut_sink,),
+          hint="the row's normaliser is the sum of the exponentiated scores plus e^{s_h}; shift every exponent (the "
+               "sink's too) by one reference before exponentiating, and block future keys with a score of minus "
+               "infinity when asked")
+def _sink_logit():
+    """Softmax attention with one learned sink logit per head, from its definition."""
+    gen = torch.Generator().manual_seed(128)
+    cases = []
+    for (b, h, tq, tk, d), causal, shift, sink_scale, dtype in (
+            ((2, 3, 5, 5, 8), False, 0.0, 1.0, torch.float64),
+            ((1, 2, 4, 9, 4), False, 0.0, 3.0, torch.float64),
+            ((2, 2, 6, 6, 8), True, 0.0, 1.0, torch.float64),
+            ((1, 4, 3, 7, 8), False, 300.0, 1.0, torch.float32),  # scores near 300: exp overflows without a shift
+            ((1, 2, 5, 5, 4), True, 0.0, 1.0, torch.float32)):
+        q, k = (torch.randn(b, h, t, d, generator=gen, dtype=torch.float64) for t in (tq, tk))
+        v = torch.randn(b, h, tk, d, generator=gen, dtype=torch.float64)
+        sink = torch.randn(h, generator=gen, dtype=torch.float64) * sink_scale
+        if shift:  # q k / sqrt(d) near `shift` (an offset shared by all pairs), the sink logits far above or below it
+            offset = (shift / d ** 0.5) ** 0.5
+            q, k = 0.1 * q + offset, 0.1 * k + offset
+            sink = torch.tensor([shift + 150.0, shift - 150.0, shift, shift + 90.0][:h], dtype=torch.float64)
+        q, k, v, sink = (x.to(dtype) for x in (q, k, v, sink))
+        expected = _shortcut_sink(q.double(), k.double(), v.double(), sink.double(), is_causal=causal).to(dtype)
+        tol = dict(rtol=1e-7, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+        cases.append(Case(f"q {tuple(q.shape)}, k {tuple(k.shape)}, {str(dtype)[6:]}, is_causal={causal}"
+                          + (", scores near 300" if shift else ""), (q, k, v, sink), {"is_causal": causal},
+                          expected=expected, **tol))
+    return cases
