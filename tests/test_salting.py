@@ -17,8 +17,8 @@ from attncourse.classroom.grading.remote import KERNEL_SIDE, judge
 SALT = 20261128
 
 # Exercises whose cases take no seed (fixed sizes or hand-written inputs): salting cannot change them, so a table
-# of their expected values still answers the grader. Each is a small integer-argument or hand-built case; the
-# test below fails when an exercise joins or leaves this list, so that the list stays a decision.
+# of their expected values would still answer the grader. None is left: every exercise draws at least some of its
+# cases from a seed. The test below fails when an exercise joins this list, so that joining it stays a decision.
 FIXED_CASES: set[str] = set()
 
 
