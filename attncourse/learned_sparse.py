@@ -35,7 +35,7 @@ from .sdpa import compute_dtype as _compute_dtype
 
 __all__ = ["n_blocks", "mean_pool_blocks", "moba_gate", "blocks_to_mask", "selected_attention", "SelectedOutput",
            "selected_work", "compressed_attention", "nsa_select", "nsa_attention", "NSAOutput", "indexer_scores",
-           "top_k_tokens", "token_select_attention", "indexer_kl_loss", "indexer_cost", "dsa_cache_bytes"]
+           "top_k_tokens", "token_select_attention", "indexer_kl_loss", "indexer_cost"]
 
 _NEG_INF = float("-inf")
 
@@ -400,30 +400,3 @@ def indexer_cost(context: int, *, n_heads: int = 128, qk_dim: int = 576, v_dim: 
     sparse = per_key * min(top_k, context)
     return {"dense": dense, "indexer": indexer, "sparse": sparse, "dsa": indexer + sparse}
 
-
-def dsa_cache_bytes(context: int, *, n_layers: int = 61, kv_rank: int = 512, rope_dim: int = 64, latent_bytes: int = 2,
-                    index_dim: int = 128, index_bytes: int = 1, index_scale_bytes: int = 4, index_block: int = 128,
-                    indexer: bool = True, compress: int = 1) -> dict[str, int]:
-    """Bytes one sequence keeps at decode after `context` tokens, for MLA with (or without) DSA's lightning indexer,
-    DeepSeek-V3.2's layout by default (its released ``inference/model.py``): per token and layer, MLA's latent and
-    RoPE key, ``kv_rank + rope_dim`` values in ``latent_bytes`` (``MLA.kv_cache``, ``MLA.pe_cache``, bfloat16), and the
-    indexer's key, ``index_dim`` FP8 values plus one float32 scale per ``index_block`` of them (``Indexer.k_cache``,
-    ``Indexer.k_scale_cache``). ``compress=m`` keeps one entry per m tokens (a DeepSeek-V4-style compressed layer at
-    these sizes; the window of raw tokens and the sink are not counted).
-
-    Returns ``latent`` (MLA's cache), ``indexer`` (the indexer's keys, 0 without an indexer) and ``total``, summed over
-    ``n_layers`` layers.
-
-    Raises:
-        TypeError, ValueError: for arguments that are not positive ints (``indexer`` must be a bool).
-    """
-    for name, x in (("context", context), ("n_layers", n_layers), ("kv_rank", kv_rank), ("rope_dim", rope_dim),
-                    ("latent_bytes", latent_bytes), ("index_dim", index_dim), ("index_bytes", index_bytes),
-                    ("index_scale_bytes", index_scale_bytes), ("index_block", index_block), ("compress", compress)):
-        _validate.positive_int(name, x)
-    if not isinstance(indexer, bool):
-        raise TypeError(f"indexer must be a bool, got {type(indexer).__name__}")
-    entries = -(-context // compress)  # entries kept per layer
-    latent = n_layers * entries * (kv_rank + rope_dim) * latent_bytes
-    index = n_layers * entries * (index_dim * index_bytes + -(-index_dim // index_block) * index_scale_bytes) if indexer else 0
-    return {"latent": latent, "indexer": index, "total": latent + index}

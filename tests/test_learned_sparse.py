@@ -271,7 +271,7 @@ def test_recall_task_and_a_short_training_run():
 
 
 def test_dsa_cache_bytes_counts_the_inference_buffers():
-    from attncourse.learned_sparse import dsa_cache_bytes
+    from attncourse.dsa_cache import dsa_cache_bytes
 
     n = 7
     latent = (torch.zeros(n, 512, dtype=torch.bfloat16), torch.zeros(n, 64, dtype=torch.bfloat16))
