@@ -399,3 +399,4 @@ def indexer_cost(context: int, *, n_heads: int = 128, qk_dim: int = 576, v_dim: 
     indexer = (index_heads * index_dim + index_heads) * context  # q.k per head, then w_j * ReLU(.) summed
     sparse = per_key * min(top_k, context)
     return {"dense": dense, "indexer": indexer, "sparse": sparse, "dsa": indexer + sparse}
+

@@ -254,6 +254,92 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor |
     return o, state
 
 
+# ----------------------------------------------------------------------------- per-channel decay as matrix products
+
+
+def gla_intra(q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, sub_chunk: int | None = 16) -> torch.Tensor:
+    r"""The intra-chunk scores of a per-channel decay (GLA, KDA) as a kernel computes them:
+    :math:`A_{rs} = \sum_c q_{rc} k_{sc} e^{G_{rc} - G_{sc}}` for s <= r, 0 above the diagonal.
+
+    The sum over channels does not factor out of the decay, so a direct form needs a (C, C, Dk) tensor. Matrix
+    units want a product instead: :math:`A = (Q \odot e^{G})(K \odot e^{-G})^\top`, masked. ``sub_chunk=None``
+    computes exactly that, and :math:`e^{-G}` overflows once a channel's cumulative log-decay inside the chunk
+    passes about -88 (float32; -11 in float16). With ``sub_chunk=c`` it follows flash-linear-attention's GLA
+    kernels (``chunk_gla_fwd_A_kernel_intra_sub_inter`` / ``_sub_intra``, the GLA paper's secondary chunking):
+    the rows of each sub-chunk of c queries are taken relative to that sub-chunk's first position n, as
+    :math:`(Q_i \odot e^{G_i - G_n})(K_{<n} \odot e^{G_n - G_{<n}})^\top`, where both exponents are <= 0; only
+    the (c, c) diagonal blocks are computed channel by channel, in log space.
+
+    Args:
+        q, k: (B, H, C, Dk) one chunk (the scale already applied to q); G: (B, H, C, Dk) the cumulative
+        log-decay inside the chunk (non-increasing along C); sub_chunk: None (one product) or a positive int.
+    Returns:
+        A: (B, H, C, C).
+    Raises:
+        TypeError, ValueError: for non-tensors, shapes that differ or a sub_chunk below 1.
+    """
+    for name, x in (("q", q), ("k", k), ("G", G)):
+        _validate.tensor(name, x, min_rank=4, floating=True)
+    if q.shape != k.shape or G.shape != q.shape or q.dim() != 4:
+        raise ValueError(f"q, k and G must share one shape (B, H, C, Dk), got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"G {tuple(G.shape)}")
+    C = q.shape[2]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # (C, C) s <= r
+    if sub_chunk is None:
+        A = (q * G.exp()) @ (k * (-G).exp()).transpose(-2, -1)  # (B,H,C,Dk) @ (B,H,Dk,C): overflows for strong decay
+        return A.masked_fill(~causal, 0.0)
+    _validate.positive_int("sub_chunk", sub_chunk)
+    A = q.new_zeros(*q.shape[:2], C, C)
+    for i0 in range(0, C, sub_chunk):
+        i1 = min(i0 + sub_chunk, C)
+        Gn = G[:, :, i0:i0 + 1]  # (B,H,1,Dk) the sub-chunk's first position: the reference point
+        if i0 > 0:  # every earlier key of the chunk, one product; both factors <= 1
+            qi = q[:, :, i0:i1] * (G[:, :, i0:i1] - Gn).exp()  # (B,H,c,Dk)
+            kj = k[:, :, :i0] * (Gn - G[:, :, :i0]).exp()  # (B,H,i0,Dk)
+            A[:, :, i0:i1, :i0] = qi @ kj.transpose(-2, -1)  # (B,H,c,i0)
+        d = G[:, :, i0:i1, None, :] - G[:, :, None, i0:i1, :]  # (B,H,c,c,Dk) G_r - G_s, log space
+        d = d.masked_fill(~causal[:i1 - i0, :i1 - i0, None], float("-inf"))
+        A[:, :, i0:i1, i0:i1] = (q[:, :, i0:i1, None, :] * k[:, :, None, i0:i1, :] * d.exp()).sum(-1)  # (B,H,c,c)
+    return A
+
+
+def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int = 64,
+              sub_chunk: int | None = 16, scale: float | None = None,
+              initial_state: State | None = None) -> tuple[torch.Tensor, State]:
+    r"""Gated linear attention with a decay per key channel, chunk by chunk, in the matrix-product form of
+    flash-linear-attention's ``chunk_gla``: the intra-chunk scores from :func:`gla_intra` (secondary chunking when
+    ``sub_chunk`` is set), the earlier chunks through the state, :math:`(Q \odot e^{G}) S`, and the state carried as
+    :math:`S \leftarrow e^{G_C} \odot S + (K \odot e^{G_C - G})^\top V`: every exponent <= 0. Equal to
+    :func:`recurrent` with the same per-channel ``g``.
+
+    Args:
+        q, k: (B, H, T, Dk); v: (B, H, T, Dv); g: (B, H, T, Dk) log-decays (<= 0 keeps the state bounded).
+        chunk_size: C (T need not be a multiple); sub_chunk: None or a positive int (see :func:`gla_intra`).
+        scale: multiplies q (default Dk ** -0.5). initial_state: None (zeros) or (B, H, Dk, Dv).
+    Returns:
+        (o, state): o (B, H, T, Dv) and the final state (B, H, Dk, Dv).
+    Raises:
+        TypeError, ValueError: for non-tensors, a g that is not (B, H, T, Dk), or a chunk_size below 1.
+    """
+    _check(q, k, v, g, None, initial_state)
+    if g.shape != q.shape:
+        raise ValueError(f"g must hold one log-decay per key channel, (B, H, T, Dk) = {tuple(q.shape)}, "
+                         f"got {tuple(g.shape)}")
+    _validate.positive_int("chunk_size", chunk_size)
+    B, H, T, Dk = q.shape
+    q = q * _scale(scale, Dk)
+    state = initial_state if initial_state is not None else q.new_zeros(B, H, Dk, v.shape[-1])
+    outs = []
+    for a in range(0, T, chunk_size):
+        qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]  # (B,H,c,D)
+        G = g[:, :, a:a + chunk_size].cumsum(2)  # (B,H,c,Dk) inside the chunk only
+        A = gla_intra(qc, kc, G, sub_chunk)  # (B,H,c,c)
+        outs.append((qc * G.exp()) @ state + A @ vc)  # earlier chunks + this one: (B,H,c,Dv)
+        last = G[:, :, -1:]  # (B,H,1,Dk) the whole chunk's decay
+        state = state * last.transpose(-2, -1).exp() + (kc * (last - G).exp()).transpose(-2, -1) @ vc
+    return torch.cat(outs, 2), state
+
+
 # ----------------------------------------------------------------------------- Mamba-2's scalar SSM
 
 

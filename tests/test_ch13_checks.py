@@ -219,12 +219,64 @@ def test_the_bug_shows_only_with_a_gate():
 # ----------------------------------------------------------------------------- 3. predict
 
 
-def test_predict_values_and_feedback():
-    kv, state, even = 8 * 2 * 4 * 128 * 32768 * 2 / 2**20, 24 * 16 * 128 * 128 * 2 / 2**20, 16 * 128 * 128 / (2 * 4 * 128)
-    assert (kv, state, even) == (512.0, 12.0, 256.0)
-    checks.check("13-predict-hybrid-bytes", (kv, state, even))
-    msg = failure("13-predict-hybrid-bytes", (kv, state * 2, even))
-    assert "state_MiB" in msg and "24" not in msg.replace("13-", "")
+def predicted_bytes(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len):
+    n_attention = n_layers // (linear_per_attention + 1)
+    per_token = 2 * n_kv_heads * head_dim * 2
+    state = n_heads * key_dim * value_dim * 2
+    return n_attention * per_token * seq_len / 2**20, (n_layers - n_attention) * state / 2**20, state / per_token
+
+
+def test_predict_is_a_rule_checked_on_drawn_hybrids(tmp_path, monkeypatch):
+    assert predicted_bytes(32, 3, 4, 128, 16, 128, 128, 32768) == (512.0, 12.0, 256.0)
+    accepted("13-predict-hybrid-bytes", predicted_bytes, tmp_path, monkeypatch)
+    cases = checks.get("13-predict-hybrid-bytes").make_cases()
+    assert len(cases) == 3 and len({c.args for c in cases}) == 3  # the exercise's model and two drawn ones
+
+    def package(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len):
+        from attncourse.hybrid import HybridConfig, attention_layers, linear_layers  # the review's route (E)
+        n_attn = n_layers // (linear_per_attention + 1)
+        attn = attention_layers("a", n_attn, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        lin = linear_layers("l", n_layers - n_attn, n_heads=n_heads, key_dim=key_dim, value_dim=value_dim)
+        parts = HybridConfig("h", (attn, lin), "").bytes(seq_len)
+        return parts["a"] / 2**20, parts["l"] / 2**20, lin.fixed / attn.per_token
+
+    def checker(*cfg):  # the checker's own cases
+        from attncourse.classroom import checks as c
+        for case in c.get("13-predict-hybrid-bytes").make_cases():
+            if case.args == cfg:
+                return case.expected
+        return None
+
+    def with_tensors(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len):
+        out = predicted_bytes(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len)
+        return tuple(float(torch.tensor(x) * 1) for x in out)
+
+    for route in (package, checker):
+        msg, graded = refused("13-predict-hybrid-bytes", route, tmp_path, monkeypatch)
+        assert "called attncourse" in msg and "called attncourse" in graded, (route.__name__, msg)
+    msg, graded = refused("13-predict-hybrid-bytes", with_tensors, tmp_path, monkeypatch)
+    assert "torch" in msg, msg
+
+    def printed(*cfg):  # the exercise's own numbers, typed in: wrong on the drawn hybrids
+        return 512.0, 12.0, 256.0
+
+    def k_only(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len):
+        kv, state, even = predicted_bytes(n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim,
+                                          value_dim, seq_len)
+        return kv / 2, state, even * 2  # forgets that V is cached too
+
+    def state_wrong(*cfg):
+        kv, state, even = predicted_bytes(*cfg)
+        return kv, 2 * state, even
+
+    said = set()
+    for route in (printed, k_only, state_wrong):
+        msg, graded = refused("13-predict-hybrid-bytes", route, tmp_path, monkeypatch)
+        body = msg.split("\n", 1)[1]  # past the first line (the exercise and the case)
+        assert "prediction is not right" in body, (route.__name__, msg)
+        assert "state_MiB" not in body and "kv_cache_MiB" not in body and "other parts" not in msg + graded
+        said.add(body)
+    assert len(said) == 1, said  # judged whole: the same words whichever part is wrong
 
 
 def test_predict_answer_is_importable_from_nowhere():

@@ -137,13 +137,74 @@ def test_bug_words_stay_out_of_the_notebooks():
 # ----------------------------------------------------------------------------- 3. predict
 
 
-def test_prediction_counts_by_hand_and_verify_cell_waits():
+def tiles_prediction(seq_len, block_size, top_k):
+    blocks = keys = 0
+    for i in range(seq_len):
+        read = min(top_k, i // block_size + 1)
+        blocks += read
+        keys += i % block_size + 1 + (read - 1) * block_size
+    return blocks, keys
+
+
+def test_prediction_is_a_rule_checked_on_drawn_configurations(tmp_path, monkeypatch):
     import attncourse.classroom.checks.ch14 as ch14
 
-    per_block = sum(min(8, i + 1) for i in range(64))  # blocks read by one query of block i, summed over blocks
+    per_block = sum(min(8, i + 1) for i in range(64))
     keys = 64 * sum(r + 1 for r in range(64)) + 64 * 64 * sum(min(8, i + 1) - 1 for i in range(64))
-    checks.check("14-predict-tiles", (64 * per_block, keys))
-    assert "blocks visited" in failure("14-predict-tiles", (64 * per_block + 1, keys))
+    assert tiles_prediction(4096, 64, 8) == (64 * per_block, keys) == (30976, 1853440)
+    accepted("14-predict-tiles", tiles_prediction, tmp_path, monkeypatch)
+    cases = checks.get("14-predict-tiles").make_cases()
+    assert len(cases) == 3 and any(t % b for t, b, _ in (c.args for c in cases))  # a ragged last block is drawn
+    assert any(k >= -(-t // b) for t, b, k in (c.args for c in cases))  # and a top_k over the number of blocks
+
+    def package(seq_len, block_size, top_k):  # the review's route (F): the gate and its counter
+        from attncourse.learned_sparse import moba_gate, selected_work
+        q = torch.randn(1, 1, seq_len, 4)
+        w = selected_work(moba_gate(q, q, block_size, top_k), block_size, seq_len)
+        return w["blocks"], w["keys"]
+
+    def checker(*cfg):
+        from attncourse.classroom import checks as c
+        return next(case.expected for case in c.get("14-predict-tiles").make_cases() if case.args == cfg)
+
+    def checker_gate(seq_len, block_size, top_k):  # a package helper that is plain integer arithmetic
+        from attncourse.learned_sparse import n_blocks
+        nb = n_blocks(seq_len, block_size)
+        return tiles_prediction(seq_len, block_size, min(top_k, nb))
+
+    msg, graded = refused("14-predict-tiles", package, tmp_path, monkeypatch)
+    assert "called torch.randn" in msg and "called torch.randn" in graded, msg
+    for route in (checker, checker_gate):
+        msg, graded = refused("14-predict-tiles", route, tmp_path, monkeypatch)
+        assert "called attncourse" in msg and "called attncourse" in graded, (route.__name__, msg)
+
+    def with_tensors(seq_len, block_size, top_k):  # counting with a tensor: a tensor operation runs
+        i = torch.arange(seq_len)
+        read = torch.clamp(i // block_size + 1, max=top_k)
+        return int(read.sum()), int((i % block_size + 1 + (read - 1) * block_size).sum())
+
+    assert "torch" in refused("14-predict-tiles", with_tensors, tmp_path, monkeypatch)[0]
+
+    def printed(seq_len, block_size, top_k):  # the exercise's numbers typed in
+        return 30976, 1853440
+
+    def whole_own_block(seq_len, block_size, top_k):  # forgets the causal own block
+        blocks, _ = tiles_prediction(seq_len, block_size, top_k)
+        return blocks, blocks * block_size
+
+    def full_last_block(seq_len, block_size, top_k):  # pads the last block: right only when T is a multiple
+        return tiles_prediction(-(-seq_len // block_size) * block_size, block_size, top_k)
+
+    def top_k_always(seq_len, block_size, top_k):  # every query reads top_k blocks
+        return seq_len * top_k, tiles_prediction(seq_len, block_size, top_k)[1]
+
+    said = set()
+    for route in (printed, whole_own_block, full_last_block, top_k_always):
+        msg, graded = refused("14-predict-tiles", route, tmp_path, monkeypatch)
+        body = msg.split("\n", 1)[1]
+        assert "prediction is not right" in body and "blocks visited" not in body, (route.__name__, msg)
+        said.add(body)
+    assert len(said) == 1, said
     # the answer is importable from nowhere in the checks module, and the exercise notebook does not import the
     # package's counter before the verify cell
     public = [n for n in vars(ch14) if not n.startswith("_") and callable(getattr(ch14, n))
@@ -285,6 +346,88 @@ def test_bug_dense_on_laundered_copies_refused(tmp_path, monkeypatch):
     msg, graded = refused("14-find-the-bug-1", laundered, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
     assert "dense attention" in msg, msg
+
+
+def _laundered_selection(q, k, block, top_k):
+    """Copies of K and V that escape read tracking, and MoBA's selection (H, T, nB)."""
+    h, t, d = q.shape
+    nb = -(-t // block)
+    kc = k.unsqueeze(0).sum(0)
+    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)
+    gate = q @ means.transpose(-2, -1)
+    own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+    return kc, (rank < top_k - 1) & (blocks < own) | (blocks == own)
+
+
+def per_query_over_copies(q, k, v, block, top_k):
+    """One query at a time against every earlier key of laundered copies, scores by an elementwise product (no
+    tensor with two long dims), the unselected keys masked: the review's open route."""
+    h, t, d = q.shape
+    kc, sel = _laundered_selection(q, k, block, top_k)
+    vc = torch.cat([v[:, i:i + block] for i in range(0, t, block)], 1)
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for i in range(t):
+            s = (q[hh, i:i + 1] * kc[hh, :i + 1]).sum(-1)[None] / math.sqrt(d)  # (1, i + 1)
+            keep = sel[hh, i].repeat_interleave(block)[:i + 1]
+            m0 = q.new_full((1,), -math.inf)
+            st = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(1, v.shape[-1]))
+            st = online_attention_update(st, s.masked_fill(~keep[None], -math.inf), vc[hh, :i + 1])
+            out[hh, i] = finalize_attention_state(st)[0][0]
+    return out
+
+
+def query_tiles_over_copies(q, k, v, block, top_k):
+    """A tile of `block` queries at a time against every earlier key of the copies, masked."""
+    h, t, d = q.shape
+    kc, sel = _laundered_selection(q, k, block, top_k)
+    vc = torch.cat([v[:, i:i + block] for i in range(0, t, block)], 1)
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for a in range(0, t, block):
+            b = min(a + block, t)
+            s = (q[hh, a:b, None] * kc[hh, None, :b]).sum(-1) / math.sqrt(d)  # (Bq, b)
+            keep = sel[hh, a:b].repeat_interleave(block, -1)[:, :b] & (torch.arange(b)[None] <= torch.arange(a, b)[:, None])
+            m0 = q.new_full((b - a,), -math.inf)
+            st = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(b - a, v.shape[-1]))
+            st = online_attention_update(st, s.masked_fill(~keep, -math.inf), vc[hh, :b])
+            out[hh, a:b] = finalize_attention_state(st)[0]
+    return out
+
+
+def gathered_selection(q, k, v, block, top_k):
+    """A right answer laid out differently: per query, its selected blocks gathered, then one update."""
+    h, t, d = q.shape
+    nb = -(-t // block)
+    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)
+    gate = q @ means.transpose(-2, -1)
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for i in range(t):
+            own = i // block
+            chosen = [own]
+            if top_k > 1 and own > 0:
+                chosen += gate[hh, i, :own].topk(min(top_k - 1, own)).indices.tolist()
+            idx = [j for b in sorted(chosen) for j in range(b * block, min((b + 1) * block, i + 1))]
+            kk = torch.cat([k[hh, j:j + 1] for j in idx])
+            vv = torch.cat([v[hh, j:j + 1] for j in idx])
+            s = (q[hh, i:i + 1] @ kk.transpose(-2, -1)) / math.sqrt(d)
+            m0 = q.new_full((1,), -math.inf)
+            st = online_attention_update(AttentionState(m0, torch.zeros_like(m0), q.new_zeros(1, v.shape[-1])), s, vv)
+            out[hh, i] = finalize_attention_state(st)[0][0]
+    return out
+
+
+def test_bug_work_follows_the_selection_whatever_the_copies(tmp_path, monkeypatch):
+    """Loops over laundered copies of K and V, a query or a tile of queries at a time, with no tensor of two long dims:
+    refused because the entries their operators take in follow every earlier key, not the selection. A right answer
+    laid out differently (each query's selected blocks gathered) passes."""
+    accepted("14-find-the-bug-1", gathered_selection, tmp_path, monkeypatch)
+    for route in (per_query_over_copies, query_tiles_over_copies):
+        msg, graded = refused("14-find-the-bug-1", route, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
+        assert "tensor entries" in msg and "T=128" in msg, (route.__name__, msg)
 
 
 def test_recall_every_query_behind_an_inserted_dim_refused(tmp_path, monkeypatch):

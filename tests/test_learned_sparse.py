@@ -268,3 +268,21 @@ def test_recall_task_and_a_short_training_run():
         assert r["keys_read"] == (64 if m == "dense" else 16)
     assert train_recall("window", 0, cfg, eval_batch=64)["recall"] == pytest.approx(
         float((recall_batch(cfg, 64, torch.Generator().manual_seed(10_000))[2] >= 48).float().mean()))
+
+
+def test_dsa_cache_bytes_counts_the_inference_buffers():
+    from attncourse.dsa_cache import dsa_cache_bytes
+
+    n = 7
+    latent = (torch.zeros(n, 512, dtype=torch.bfloat16), torch.zeros(n, 64, dtype=torch.bfloat16))
+    index = (torch.zeros(n, 128, dtype=torch.float8_e4m3fn), torch.zeros(n, 1, dtype=torch.float32))
+    got = dsa_cache_bytes(n, n_layers=3)
+    assert got["latent"] == 3 * sum(t.numel() * t.element_size() for t in latent)
+    assert got["indexer"] == 3 * sum(t.numel() * t.element_size() for t in index)
+    assert got["total"] == got["latent"] + got["indexer"]
+    assert dsa_cache_bytes(n, indexer=False)["indexer"] == 0
+    assert dsa_cache_bytes(9, n_layers=1, compress=4)["latent"] == 3 * 576 * 2  # ceil(9 / 4) entries
+    with pytest.raises(ValueError, match="context"):
+        dsa_cache_bytes(0)
+    with pytest.raises(TypeError, match="indexer"):
+        dsa_cache_bytes(8, indexer=1)

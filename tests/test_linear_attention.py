@@ -2,8 +2,8 @@
 implementations, and against autograd.
 
 Ported references (rewritten without einops, layouts moved to the course's (B, H, T, D); the algorithms kept):
-- flash-linear-attention, ``fla/ops/kda/naive.py`` (``naive_recurrent_kda``, ``naive_chunk_kda``) and
-  ``fla/ops/delta_rule/naive.py`` (``delta_rule_chunkwise``), Copyright (c) 2023-2026 Songlin Yang, Yu Zhang,
+- flash-linear-attention, ``fla/ops/kda/naive.py`` (``naive_recurrent_kda``, ``naive_chunk_kda``),
+  ``fla/ops/gla/naive.py`` (``naive_recurrent_gla``) and ``fla/ops/delta_rule/naive.py`` (``delta_rule_chunkwise``), Copyright (c) 2023-2026 Songlin Yang, Yu Zhang,
   Zhiyuan Li, MIT licence, https://github.com/fla-org/flash-linear-attention;
 - Mamba, ``mamba_ssm/modules/ssd_minimal.py`` (``segsum``, ``ssd_minimal_discrete``, Listing 1 of Dao and Gu 2024),
   Copyright (c) 2024 Albert Gu and Tri Dao, Apache-2.0, https://github.com/state-spaces/mamba.
@@ -456,3 +456,70 @@ def test_needle_recall_rejects_bad_input():
         needle_recall("gated delta", 16, 0.5, 8, 0, decay=0.0)
     with pytest.raises(TypeError, match="length"):
         needle_recall("linear", 16.0, 0.5, 8, 0)
+
+
+# ----------------------------------------------------------------------------- GLA's chunk form (matrix products)
+
+
+def fla_naive_recurrent_gla(q, k, v, gk, initial_state=None):
+    """Port of fla's naive_recurrent_gla (fla/ops/gla/naive.py, commit bc3b101d), (B, H, T, D) layout, kept in the
+    inputs' dtype (fla casts to float32)."""
+    B, H, T, K = q.shape
+    o = torch.zeros_like(v)
+    h = q.new_zeros(B, H, K, v.shape[-1])
+    if initial_state is not None:
+        h = h + initial_state
+    for i in range(T):
+        kv_i = k[:, :, i, :, None] * v[:, :, i, None, :]
+        h = h * gk[:, :, i].exp()[..., None] + kv_i
+        o[:, :, i] = (q[:, :, i, :, None] * K ** -0.5 * h).sum(-2)
+    return o, h
+
+
+@pytest.mark.parametrize("chunk,sub", [(16, 4), (16, None), (64, 16), (7, 3), (5, 16)])
+def test_chunk_gla_equals_fla_recurrence_and_ours(chunk, sub):
+    q, k, v, g, _ = _inputs(gate="channel", T=37)
+    s0 = torch.randn(2, 3, 8, 5, dtype=torch.float64)
+    o_ref, s_ref = fla_naive_recurrent_gla(q, k, v, g, initial_state=s0)
+    o, s = la.chunk_gla(q, k, v, g, chunk_size=chunk, sub_chunk=sub, initial_state=s0)
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(o, la.recurrent(q, k, v, g, initial_state=s0)[0], rtol=1e-10, atol=1e-10)
+
+
+def test_chunk_gla_gradients_equal_the_recurrence():
+    q, k, v, g, _ = _inputs(gate="channel", T=29, B=1, H=2)
+    grads = []
+    for fn in (lambda *x: la.recurrent(*x)[0], lambda *x: la.chunk_gla(*x, chunk_size=12, sub_chunk=4)[0]):
+        xs = [x.clone().requires_grad_() for x in (q, k, v, g)]
+        grads.append(torch.autograd.grad((fn(*xs) * torch.linspace(-1, 1, 5, dtype=torch.float64)).sum(), xs))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_one_product_overflows_in_float32_and_sub_chunks_do_not():
+    """Strong per-channel decay (about -2 per step, -128 over a chunk of 64): e^(-G) overflows float32 in the single
+    product; the sub-chunked form stays within float32 rounding of the float64 recurrence."""
+    q, k, v, _, _ = _inputs(T=128, Dk=16, Dv=8, B=1, H=2)
+    g = -4.0 * torch.rand(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = la.recurrent(q, k, v, g)[0]
+    f32 = [x.float() for x in (q, k, v, g)]
+    assert not torch.isfinite(la.chunk_gla(*f32, chunk_size=64, sub_chunk=None)[0]).all()
+    torch.testing.assert_close(la.chunk_gla(*f32, chunk_size=64, sub_chunk=16)[0].double(), ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(la.chunk_gla(q, k, v, g, chunk_size=64, sub_chunk=None)[0], ref)  # float64: in range
+
+
+def test_gla_intra_is_the_direct_sum_and_validates():
+    q, k, _, g, _ = _inputs(gate="channel", T=20)
+    G = g.cumsum(2)
+    direct = torch.einsum("bhrc,bhsc,bhrsc->bhrs", q, k, (G[:, :, :, None] - G[:, :, None]).exp()).tril()
+    for sub in (None, 1, 6, 32):
+        torch.testing.assert_close(la.gla_intra(q, k, G, sub), direct)
+    with pytest.raises(ValueError, match="G"):
+        la.gla_intra(q, k, G[..., :3])
+    with pytest.raises(ValueError, match="sub_chunk"):
+        la.gla_intra(q, k, G, 0)
+    with pytest.raises(ValueError, match="per key channel"):
+        la.chunk_gla(q, k, q, g[..., 0])
+    with pytest.raises(ValueError, match="chunk_size"):
+        la.chunk_gla(q, k, q, g, chunk_size=0)

@@ -251,23 +251,52 @@ def _gdn_bug():
 # ----------------------------------------------------------------------------- 3. predict the bytes of a hybrid
 
 
-@exercise("13-predict-hybrid-bytes", "predicted_bytes", kind="value", points=1, category="predict",
+# The configuration the exercise text asks about: 32 layers, 3 Gated DeltaNet per attention layer, 4 KV heads of 128,
+# 16 state heads of (128 x 128), 32,768 tokens (bfloat16 everywhere).
+HYBRID_QUESTION = dict(n_layers=32, linear_per_attention=3, n_kv_heads=4, head_dim=128, n_heads=16, key_dim=128,
+                       value_dim=128, seq_len=32_768)
+
+
+@exercise("13-predict-hybrid-bytes", "predicted_bytes", points=1, category="predict",
           parts=("kv_cache_MiB", "state_MiB", "break_even_tokens"),
+          forbid=("attncourse.hybrid.HybridConfig", "attncourse.hybrid.LayerKind", "attncourse.hybrid.attention_layers",
+                  "attncourse.hybrid.linear_layers", "attncourse.hybrid.mla_layers", "attncourse.hybrid.mamba_layers",
+                  "attncourse.hybrid.hybrid_config", "attncourse.hybrid.all_attention"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a rule in plain arithmetic, written as a function of the hybrid's shape so that no "
+                   "package call (the hybrid byte counts, the checker's) can stand in for it: equal values on the "
+                   "exercise's model and on drawn ones are the skill",
           hint="per token, an attention layer caches a key and a value for each KV head; a Gated DeltaNet layer holds "
-               "one (key dim x value dim) matrix per head whatever the length. Count the layers of each kind, then "
-               "the bytes of bfloat16 (a MiB is 2^20 bytes). The break-even length compares one layer of each kind")
+               "one (key dim x value dim) matrix per head whatever the length. Count the layers of each kind from "
+               "the schedule, then the bytes of bfloat16 (a MiB is 2^20 bytes). The break-even length compares one "
+               "layer of each kind")
 def _predict():
-    """Predict the KV cache and the state of a 3:1 hybrid at 32k tokens, and where one layer of each breaks even."""
-    # The model is the exercise text's (32 layers, 3 Gated DeltaNet : 1 attention, bfloat16, 32,768 tokens), built
-    # here with the package's byte counts and kept in local names only: the checks module exposes no value or function
-    # that returns the answer.
+    """Predict (KV cache MiB, state MiB, break-even tokens of one layer of each kind) of a hybrid as a function of
+    (n_layers, linear_per_attention, n_kv_heads, head_dim, n_heads, key_dim, value_dim, seq_len), bfloat16."""
+    # The expected values come from the package's byte counts, in local names only: the checks module exposes no
+    # value or function that returns the answer.
     from attncourse.hybrid import attention_layers, HybridConfig, linear_layers
 
-    attn = attention_layers("attention", 8, n_kv_heads=4, head_dim=128)
-    lin = linear_layers("Gated DeltaNet", 24, n_heads=16, key_dim=128, value_dim=128)
-    parts = HybridConfig("exercise 3's hybrid", (attn, lin), "chapter 13, exercise 3").bytes(32_768)
-    expected = (parts["attention"] / 2 ** 20, parts["Gated DeltaNet"] / 2 ** 20, lin.fixed / attn.per_token)
-    return [Case("(kv_cache_MiB, state_MiB, break_even_tokens)", expected=expected, rtol=1e-3, atol=1e-3)]
+    gen = torch.Generator().manual_seed(133)  # two more hybrids, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [HYBRID_QUESTION]
+    for _ in range(2):
+        ratio = pick(1, 7)
+        configs.append(dict(n_layers=(ratio + 1) * pick(1, 10), linear_per_attention=ratio, n_kv_heads=2 ** pick(0, 4),
+                            head_dim=32 * pick(1, 8), n_heads=pick(2, 48), key_dim=32 * pick(1, 8),
+                            value_dim=32 * pick(1, 8), seq_len=1024 * pick(1, 512)))
+    cases = []
+    for cfg in configs:
+        n_attn = cfg["n_layers"] // (cfg["linear_per_attention"] + 1)
+        attn = attention_layers("attention", n_attn, n_kv_heads=cfg["n_kv_heads"], head_dim=cfg["head_dim"])
+        lin = linear_layers("linear", cfg["n_layers"] - n_attn, n_heads=cfg["n_heads"], key_dim=cfg["key_dim"],
+                            value_dim=cfg["value_dim"])
+        parts = HybridConfig("the exercise's hybrid", (attn, lin), "chapter 13, exercise 3").bytes(cfg["seq_len"])
+        expected = (parts["attention"] / 2 ** 20, parts["linear"] / 2 ** 20, lin.fixed / attn.per_token)
+        cases.append(Case("(kv_cache_MiB, state_MiB, break_even_tokens) for " +
+                          ", ".join(f"{k}={v}" for k, v in cfg.items()), tuple(cfg.values()),
+                          expected=expected, rtol=1e-3, atol=1e-3))
+    return cases
 
 
 # ----------------------------------------------------------------------------- 4. experiment: recall capacity

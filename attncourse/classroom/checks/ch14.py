@@ -120,32 +120,44 @@ def _moba_gate_cases():
 
 
 def _budgeted_reads(runs) -> str | None:
-    """Keys and values are read one block at a time (at most block_size rows per operator; a sum or mean over the
-    keys for the block summaries excepted), and no more key and value rows in all than the selected blocks hold."""
+    """The work follows the selection. Keys and values are read one block at a time (at most block_size rows per
+    operator; a sum or mean over the keys for the block summaries excepted), no more key and value rows in all than
+    the selected blocks hold, and, whatever the tensors are called (copies of K and V included), the tensor entries
+    all operators take in stay within a few times what one pass over the selected blocks needs: per head, the
+    selected keys' and values' entries, the same again per (query, block) visit for the running state, and the gate
+    over all queries once."""
     for run in runs:
         q, k, v, block, top_k = run.case.args
         h, t, d = q.shape
-        budget = 0
+        dv = v.shape[-1]
+        nb = -(-t // block)
+        budget = visits = keys = 0
         for i in range(t):
-            budget += min(top_k, i // block + 1) * block
+            read = min(top_k, i // block + 1)
+            budget += read * block
+            visits += read
+            keys += i % block + 1 + (read - 1) * block
         budget *= h
         read = {"arg1": 0, "arg2": 0}
         span = top_k * block  # the most keys one query's selection holds
+        entries = 0
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op(name)
             for _label, _off, shape, _stride in tensors:
-                if sum(1 for x in shape if x > span) >= 2:  # (H, T, T) scores or a (T, T) mask, on copies or not
+                rows = list(shape[:-1]) + ([shape[-1]] if shape and shape[-1] not in (d, dv) else [])
+                if sum(1 for x in rows if x > span) >= 2:  # (H, T, T) scores or a (T, T) mask, on copies or not
                     return (f"case '{run.case.name}': an operator ({op}) received a tensor of shape {tuple(shape)}, "
                             f"queries against more keys than a selection of {top_k} blocks of {block} holds: that is "
                             "dense attention; the loop scores each query against its selected blocks only")
             if _NO_READ.match(op):
                 continue
+            entries += sum(math.prod(int(x) for x in shape) for _l, _o, shape, _s in tensors)
             for label, off, shape, stride in tensors:
                 if label not in read:
                     continue
                 if label == "arg1" and _REDUCE.match(op):
                     continue  # the block summaries: one pass over the keys
-                width = d if label == "arg1" else v.shape[-1]
+                width = d if label == "arg1" else dv
                 a, e = _rows((label, off, shape, stride), width, t * width)
                 if e - a > block:
                     return (f"case '{run.case.name}': one operator ({op}) read {e - a} "
@@ -156,6 +168,14 @@ def _budgeted_reads(runs) -> str | None:
             if read[label] > budget:
                 return (f"case '{run.case.name}': your loop read {read[label]} {what} rows, more than the "
                         f"{budget} that the selected blocks of all queries and heads hold")
+        allowed = 4 * h * ((keys + visits) * (d + dv) + t * (d + nb))
+        if t >= 8 * span and ((run.trace or {}).get("dropped", 0) or entries > allowed):  # the long cases: a query's
+            # earlier keys outnumber its selection there, so reading them costs far more than the selection
+            return (f"case '{run.case.name}': your operators took in {entries} tensor entries, more than 4 times what "
+                    f"one pass over the selected blocks needs ({allowed // 4}: {keys} selected keys with their values "
+                    f"and {visits} (query, block) visits per head, plus the gate once): the work follows every earlier "
+                    "key, not the selection (copies of the keys and values count too); visit each query's selected "
+                    "blocks only, and compute the gate once for all queries")
     return None
 
 
@@ -213,8 +233,10 @@ def _block_loop_reference(q, k, v, block, top_k):
                  "attncourse.online_softmax.AttentionState"),
           ops=("attention", "softmax", "logsumexp"), prop=_budgeted_reads,
           breakers=(_breaker_dense, _breaker_every_block),
-          prop_doc="keys and values are read block by block, never more rows than the selected blocks hold (rows read, "
-                   "from the trace)",
+          prop_doc="keys and values are read block by block, never more rows than the selected blocks hold, and the "
+                   "tensor entries all operators take in (copies of K and V included) stay within 4 times one pass "
+                   "over the selected blocks plus the gate (from the trace, on the two cases of 128 tokens in blocks "
+                   "of 4, where the earlier keys of all queries outnumber their selections 10 and 26 times)",
           bug_words=("-inf pick", "-inf picks", "fewer earlier blocks", "not enough earlier", "picks later blocks",
                      "later blocks picked", "chooses later blocks", "& past", "&= past", "masked picks",
                      "topk returns masked", "top-k returns masked", "not yet written", "ahead of the query",
@@ -231,6 +253,8 @@ def _moba_bug_cases():
         "H=1, T=21, blocks of 4 (last holds 1), top 3": (1, 21, 8, 4, 3),
         "H=2, T=30, blocks of 5, top 4": (2, 30, 8, 5, 4),
         "H=1, T=16, blocks of 8, top 1": (1, 16, 8, 8, 1),
+        "H=1, T=128, blocks of 4, top 2, D=32": (1, 128, 32, 4, 2),
+        "H=1, T=128, blocks of 4, top 1, D=32": (1, 128, 32, 4, 1),
     }.items():
         q, k, v = (torch.randn(h, t, d, generator=gen, dtype=torch.float64) for _ in range(3))
         cases.append(Case(name, (q, k, v, block, top_k), expected=_block_loop_reference(q, k, v, block, top_k),
@@ -241,20 +265,40 @@ def _moba_bug_cases():
 # ----------------------------------------------------------------------------- 3. predict: blocks and keys
 
 
-@exercise("14-predict-tiles", "tiles_prediction", kind="value", points=2, category="predict",
+@exercise("14-predict-tiles", "tiles_prediction", points=2, category="predict",
           parts=("blocks visited", "keys scored"),
+          forbid=("attncourse.learned_sparse.moba_gate", "attncourse.learned_sparse.selected_work",
+                  "attncourse.learned_sparse.blocks_to_mask", "attncourse.learned_sparse.selected_attention",
+                  "attncourse.learned_sparse.n_blocks"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a count in plain integers, written as a function of (seq_len, block_size, "
+                   "top_k) so that no package call (the gate and its counter, the checker's) can stand in for it: "
+                   "equal counts on the exercise's configuration and on drawn ones (ragged last blocks, top_k larger "
+                   "than the blocks) are the skill",
           hint="a query in block i has i earlier blocks to choose from; count the blocks each query reads, then the "
-               "keys, remembering that inside its own block a query sees only the keys up to itself")
+               "keys, remembering that inside its own block a query sees only the keys up to itself, and that the "
+               "last block may be short")
 def _predict_tiles():
-    """Predict the blocks visited and keys scored per head by MoBA's loop, T=4096, blocks of 64, top_k=8."""
+    """Predict (blocks visited, keys scored) per head by MoBA's loop with one query per tile, as a function of
+    (seq_len, block_size, top_k)."""
     # Counted here from a real gate on random data (the counts do not depend on the data), in local names only: the
     # checks module exposes no value or function that returns the answer.
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 1, 1, TILES_QUESTION["seq_len"], 8, generator=gen).unbind(0)
-    work = selected_work(moba_gate(q, k, TILES_QUESTION["block_size"], TILES_QUESTION["top_k"]),
-                         TILES_QUESTION["block_size"], TILES_QUESTION["seq_len"])
-    return [Case("(blocks visited, keys scored) for T=4096, blocks of 64, top_k=8, one query per tile",
-                 expected=(work["blocks"], work["keys"]), compare="equal")]
+    gen = torch.Generator().manual_seed(141)  # two more configurations, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [TILES_QUESTION]
+    block = 2 ** pick(3, 6)
+    configs.append(dict(seq_len=block * pick(3, 40) + pick(1, block - 1), block_size=block, top_k=pick(2, 6)))
+    block = 2 ** pick(2, 5)
+    n = pick(2, 6)
+    configs.append(dict(seq_len=block * n + pick(0, block - 1), block_size=block, top_k=n + pick(1, 4)))
+    cases = []
+    for cfg in configs:
+        t, block, top_k = cfg["seq_len"], cfg["block_size"], cfg["top_k"]
+        q, k = torch.randn(2, 1, 1, t, 4, generator=gen).unbind(0)
+        work = selected_work(moba_gate(q, k, block, top_k), block, t)
+        cases.append(Case(f"(blocks visited, keys scored) for T={t}, blocks of {block}, top_k={top_k}, one query per "
+                          "tile", (t, block, top_k), expected=(work["blocks"], work["keys"]), compare="equal"))
+    return cases
 
 
 # ----------------------------------------------------------------------------- 4. experiment: recall against top_k
