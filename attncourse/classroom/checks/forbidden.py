@@ -59,7 +59,7 @@ FAMILIES = {
     "numpy": re.compile(r"(?!)"),  # no PyTorch operator: NumPy itself, for an answer that is a rule in plain Python
 }
 WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
-         "torch": "a PyTorch operation (this exercise asks for NumPy alone)",
+         "torch": "a PyTorch operation (this exercise's answer is NumPy alone, or plain Python)",
          "numpy": "NumPy (this answer is judged by what it runs in PyTorch, or is a rule in plain Python)"}
 # Families whose whole job other libraries would do: their code is refused with the family.
 PACKAGES = {
@@ -577,7 +577,7 @@ class Guard:
         return bool(self.codes or self.builtins or self.library or self.families or self.tracing)
 
     def _hit(self, dotted, where=None, family=None):
-        text = dotted + (f", {WORDS.get(family, family)}," if family else "") + (f" ({where})" if where else "")
+        text = dotted + (f" ({where})" if where else "") + (f", {WORDS.get(family, family)}" if family else "")
         if not any(u.split(" (")[0].split(",")[0] == dotted for u in self.used):
             self.used.append(text)
         if self.stop and self.installed:  # the verdict is recorded: stop the answer at its next operator
