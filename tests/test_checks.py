@@ -107,6 +107,10 @@ def test_compare_rules():
     assert "NaN or inf" in checks.compare(torch.tensor([1.0, float("nan")]), torch.ones(2), case)
     assert "expected a tensor" in checks.compare([1, 2], torch.ones(2), case)
     assert checks.compare(3, 3, checks.Case("c", compare="equal")) is None
+    tight = checks.Case("c", rtol=1e-9, atol=0.0)  # values equal to 6 digits are shown with the digits that differ
+    message = checks.compare(torch.tensor([0.0, -0.0237447123999], dtype=torch.float64),
+                             torch.tensor([0.0, -0.0237447123456], dtype=torch.float64), tight)
+    assert "expected -0.0237447123, got -0.0237447124" in message, message
     # a scalar is never shown: how far off, not the value (a rule must not be read off a few failures)
     assert "off by about 33%" in checks.compare(4, 3, case) and "3" not in checks.compare(4, 3, case).split("33%")[1]
     assert "expected" not in checks.compare(1.5, 1.0, case) and "off by about 50%" in checks.compare(1.5, 1.0, case)

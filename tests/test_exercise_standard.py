@@ -147,8 +147,9 @@ def grader_reply(ex: checks.Exercise, answer: Any, cases: list[checks.Case], tmp
 def as_learner(fn: Any) -> Any:
     """`fn` as if the learner had typed it in a notebook cell: the same code (nested functions and lambdas
     included), filed under a notebook cell's name, so the guard judges what it calls, not where it was written.
-    A shortcut written in a checks module would otherwise be refused for entering check code, which proves
-    nothing about the calls it makes."""
+    A shortcut written in a checks module would otherwise be refused for entering check code, or as a copy of
+    check code (the guard knows the course's code by its names and constants), which proves nothing about the calls
+    it makes: each code object gets one unused constant more, as a learner's own version of it would differ."""
     import types
 
     code = getattr(fn, "__code__", None)
@@ -157,7 +158,7 @@ def as_learner(fn: Any) -> Any:
 
     def refile(c):
         consts = tuple(refile(k) if isinstance(k, types.CodeType) else k for k in c.co_consts)
-        return c.replace(co_filename="<cell learner>", co_consts=consts)
+        return c.replace(co_filename="<cell learner>", co_consts=consts + ("<typed by the learner>",))
 
     new = types.FunctionType(refile(code), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__

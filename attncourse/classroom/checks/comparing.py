@@ -73,6 +73,15 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+def _fmt_pair(e: float, g: float) -> tuple[str, str]:
+    """Expected and got with as many digits as it takes to see them differ (6, else up to 17)."""
+    for digits in (6, 9, 12, 17):
+        shown = f"{e:.{digits}g}", f"{g:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown
+
+
 def compare(got: Any, expected: Any, case: Case, reveal: bool = True, names: tuple[str, ...] = ()) -> str | None:
     """None when `got` matches `expected` under the case's rule, else a specific message. With ``reveal=False``
     the message never shows an expected value: it says what is wrong (a shape, a type, how far off), not what
@@ -157,8 +166,9 @@ def _compare(got: Any, expected: Any, case: Case, reveal: bool = True) -> str | 
         if bad.any():
             first = tuple(int(i) for i in bad.nonzero()[0])
             if reveal and expected.numel() > 1:
+                shown_e, shown_g = _fmt_pair(expected[first].item(), got[first].item())
                 return (f"{int(bad.sum())} of {bad.numel()} values differ ({tol}); first at index {first}: "
-                        f"expected {_fmt(expected[first].item())}, got {_fmt(got[first].item())}")
+                        f"expected {shown_e}, got {shown_g}")
             where = f"; first at index {first}" if expected.numel() > 1 else ""
             off = _off_by(float(got[first]), float(expected[first])) if expected.is_floating_point() else "wrong"
             return f"{int(bad.sum())} of {bad.numel()} values differ ({tol}){where}: {off}"
