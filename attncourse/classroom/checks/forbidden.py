@@ -169,6 +169,7 @@ def _package_dirs(top):
 # --- the course's code copied as text: recognised by what it compiles to
 _COPY_MIN_BYTES = 64  # smaller bodies (a one-line helper) are too generic to call a copy
 _COPY_MIN_ITEMS = 8  # names and constants together: below that, two functions may share them by chance
+_COPY_MIN_LINES = 6  # a library function of fewer lines (a three-line formula) is what a learner writes anyway
 _PRINTS = {}  # top -> ({fingerprint: dotted name}, names of the modules walked)
 
 
@@ -202,7 +203,7 @@ def _library_prints(top):
     prints, walked = _PRINTS.setdefault(top, ({}, set()))
 
     def walk(code, dotted):
-        if _copyable(code):
+        if _copyable(code) and len({line for _, _, line in code.co_lines() if line}) >= _COPY_MIN_LINES:
             key = _print(code)
             if key is not None:
                 prints.setdefault(key, dotted)
