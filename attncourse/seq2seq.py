@@ -288,9 +288,21 @@ def time_per_step(model: Seq2Seq, repeats: int = 5, warmup: int = 1) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def step_times(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -> dict[str, float]:
-    """Median seconds of one training step (as :func:`time_per_step`) of each model, measured in turns (one step of
-    each model, then again), so that a change in the machine's load affects every model alike."""
+def step_time_samples(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds of each of `repeats` training steps (forward and backward on a batch of the model's
+    ``config.batch_size`` sequences of ``config.max_len`` digits, one thread) of each model, measured in turns (one
+    step of each model, then again), so that a change in the machine's load affects every model alike.
+
+    Args:
+        models: ``{name: model}``.
+        repeats: timed steps per model, a positive int (after `warmup` untimed ones).
+
+    Returns:
+        ``{name: [seconds per step]}``, `repeats` values each, in the order measured.
+
+    Raises:
+        ValueError: if `repeats` is not a positive int.
+    """
     batches = {name: reverse_batch(m.config.batch_size, m.config.max_len, m.config.max_len, m.config.num_digits,
                                    torch.Generator().manual_seed(0)) for name, m in models.items()}
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -302,7 +314,13 @@ def step_times(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -
                 loss_on(model, batches[name]).backward()
                 if i >= warmup:
                     times[name].append(time.perf_counter() - start)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return times
+
+
+def step_times(models: dict[str, Seq2Seq], repeats: int = 20, warmup: int = 2) -> dict[str, float]:
+    """Median seconds of one training step of each model (see :func:`step_time_samples`, which returns every
+    step), measured in turns, so that a change in the machine's load affects every model alike."""
+    return {name: sorted(t)[len(t) // 2] for name, t in step_time_samples(models, repeats, warmup).items()}
 
 
 def count_parameters(module: nn.Module | None) -> int:

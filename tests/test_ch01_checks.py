@@ -64,7 +64,6 @@ def test_query_influence_tells_the_variants_apart():
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
 from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
-from exercise_routes import whole_prediction_messages  # noqa: E402
 
 
 def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
@@ -189,16 +188,6 @@ def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
     refused("01-query-influence", reference, tmp_path, monkeypatch)
 
 
-# ----------------------------------------------------------------------------- a prediction is judged whole
-
-
-def test_predict_shapes_is_judged_whole(tmp_path, monkeypatch):
-    said = whole_prediction_messages("01-predict-shapes", tmp_path, monkeypatch)
-    assert "not right" in said and "hint:" in said
-    with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
-        checks.check("01-predict-shapes", ((8, 13, 64), (8, 13, 13)))
-
-
 def test_padding_mask_fills(tmp_path, monkeypatch):
     """A fill that is only "very negative" next to scores near 0 is refused (one case has every real score near
     -5000); a fill far below every score followed by zeroing the empty rows decides the empty row and passes;
@@ -219,3 +208,95 @@ def test_padding_mask_fills(tmp_path, monkeypatch):
     msg, _ = _verdicts("01-padding-mask", fill(-1e30, False), tmp_path, monkeypatch)
     assert msg is not None and "length 0" in msg, msg  # uniform weights on the empty row
     accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- predictions written as rules
+
+
+def rule_prediction_routes(exercise_id, right, tmp_path, monkeypatch, measured=(), wrong=()):
+    """A prediction written as a function of the configuration: the right rule passes the check cell, the grader
+    and a salted grader's draw; a hard-coded answer for the printed configuration and a table of the check cell's
+    configurations fail (the second only under the salted draw); every measurement in `measured` is refused as a
+    call; every rule in `wrong` fails; and an answer with one part wrong always gets the same words."""
+    import exercise_routes
+    from test_salting import SALT, _grader as salted_grader
+
+    ex = checks.get(exercise_id)
+    assert ex.kind == "function" and ex.category == "predict" and "torch" in ex.forbidden_ops
+    cases = ex.make_cases()
+    assert len(cases) >= 3, "the exercise's configuration and at least two drawn ones"
+    exercise_routes.accepted(exercise_id, right, tmp_path, monkeypatch)
+    assert salted_grader(ex, right, SALT, tmp_path, monkeypatch)[0] == "passed"
+
+    printed = cases[0].expected
+    msg, _ = exercise_routes.refused(exercise_id, lambda *args: printed, tmp_path, monkeypatch)
+    assert "not right" in msg, msg
+    table = {tuple(map(repr, c.args)): c.expected for c in cases}
+    looked_up = lambda *args: table[tuple(map(repr, args))]  # noqa: E731
+    checks.check(exercise_id, looked_up)  # the check cell's fixed draws are fooled ...
+    assert salted_grader(ex, looked_up, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")  # ... the grader's not
+    for route in measured:
+        msg, graded = exercise_routes.refused(exercise_id, route, tmp_path, monkeypatch)
+        assert "called" in msg and "called" in graded, (msg, graded)
+    for rule in wrong:
+        assert "not right" in exercise_routes.failure(exercise_id, rule)
+
+    said = set()
+    for i in range(len(printed)):  # one part wrong on the exercise's configuration, the rule right elsewhere
+        bad = exercise_routes.one_part_wrong(printed, i)
+        first = tuple(map(repr, cases[0].args))
+        answer = lambda *args, bad=bad: bad if tuple(map(repr, args)) == first else right(*args)  # noqa: E731
+        said.add(exercise_routes.failure(exercise_id, answer))
+    assert len(said) == 1, said  # nothing tells which part differs: guessing part by part learns nothing
+    message = said.pop()
+    assert "not right" in message and all(f"wrong: {name}" not in message for name in (ex.parts or list(printed)))
+
+
+def _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+    annotations = (batch, source_len, 2 * encoder_size)  # both directions' states side by side
+    return (annotations, (batch, target_len, source_len), (batch, target_len, 2 * encoder_size),
+            (batch, target_len, decoder_size + 2 * encoder_size))
+
+
+def _shapes_by_model(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+    """The review's route: the gated verify cell's measurement, run inside the answer."""
+    from attncourse.seq2seq import Seq2SeqConfig, build_model
+    model = build_model("additive", Seq2SeqConfig(embed_size=embed_size, encoder_size=encoder_size,
+                                                  decoder_size=decoder_size, attention_size=attention_size))
+    src = torch.randint(2, 12, (batch, source_len))
+    with torch.no_grad():
+        annotations, state = model.encode(src, torch.full((batch,), source_len))
+        states, _ = model.decoder(model.embed(torch.randint(2, 12, (batch, target_len))), state[None])
+        context, weights = model.attention(states, annotations)
+    return tuple(tuple(x.shape) for x in (annotations, weights, context, torch.cat([states, context], -1)))
+
+
+def _shapes_by_checker(*args):
+    from attncourse.classroom.checks.ch01 import measured_shapes
+    return measured_shapes(*args)
+
+
+def _shapes_by_torch_gru(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+    """PyTorch's GRU alone (no course code): still a measurement, refused as a tensor operation."""
+    gru = torch.nn.GRU(embed_size, encoder_size, batch_first=True, bidirectional=True)
+    width = gru(torch.zeros(batch, source_len, embed_size))[0].shape[-1]
+    return _shapes_rule(batch, source_len, target_len, embed_size, width // 2, decoder_size, attention_size)
+
+
+def _shapes_one_direction(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+    return ((batch, source_len, encoder_size), (batch, target_len, source_len), (batch, target_len, encoder_size),
+            (batch, target_len, decoder_size + encoder_size))
+
+
+def _shapes_weights_transposed(batch, source_len, target_len, embed_size, encoder_size, decoder_size,
+                               attention_size):  # right whenever the two lengths are equal, as in the lesson
+    a, w, c, o = _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size)
+    return a, (batch, source_len, target_len), c, o
+
+
+def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
+    rule_prediction_routes("01-predict-shapes", _shapes_rule, tmp_path, monkeypatch,
+                           measured=(_shapes_by_model, _shapes_by_checker, _shapes_by_torch_gru),
+                           wrong=(_shapes_one_direction, _shapes_weights_transposed))
+    with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
+        checks.check("01-predict-shapes", lambda *args: ((8, 13, 64), (8, 13, 13)))

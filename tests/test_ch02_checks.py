@@ -47,10 +47,10 @@ def test_init_width_needs_both_halves_of_the_matrix():
         checks.check("02-init-width", query_half_only)
     counts = checks.get("02-parameter-counts").make_cases()[0].expected
     assert counts["dot"] is None and counts["additive"] == counts["concat"] + 32 and counts["general"] == 64 * 48 + 64
+    assert [c.expected["dot"] for c in checks.get("02-parameter-counts").make_cases()].count(0) >= 1  # equal sizes
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
 from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
-from exercise_routes import whole_prediction_messages  # noqa: E402
 
 
 def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
@@ -132,11 +132,71 @@ def test_init_width_refuses_the_checks_reference(tmp_path, monkeypatch):
     refused("02-init-width", lambda *args: init_width_ratio_reference(*args), tmp_path, monkeypatch)
 
 
-# ----------------------------------------------------------------------------- a prediction is judged whole
+# ----------------------------------------------------------------------------- the prediction is a rule
+
+from test_ch01_checks import rule_prediction_routes  # noqa: E402
 
 
-def test_parameter_counts_are_judged_whole(tmp_path, monkeypatch):
-    said = whole_prediction_messages("02-parameter-counts", tmp_path, monkeypatch)
-    assert "not right" in said
+def _counts_rule(query_size, key_size, hidden_size):
+    linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731  weight and bias
+    return {"dot": 0 if query_size == key_size else None,
+            "general": linear(key_size, query_size),
+            "concat": linear(query_size + key_size, hidden_size) + linear(hidden_size, 1),
+            "additive": linear(query_size, hidden_size) + linear(key_size, hidden_size) + linear(hidden_size, 1)}
+
+
+def _counts_by_modules(query_size, key_size, hidden_size):
+    """The review's route: the exercise's verify cell (build each module, count with biases) inside the answer."""
+    from attncourse.classroom.checks.ch02 import counted_parameters
+    from attncourse.rnn_attention import AdditiveAttention, LuongAttention
+
+    def with_biases(m):
+        return sum(layer.weight.numel() + layer.out_features for layer in m.modules()
+                   if isinstance(layer, torch.nn.Linear))
+
+    assert counted_parameters is not None
+    return {"dot": None if query_size != key_size else 0,
+            "general": with_biases(LuongAttention(query_size, key_size, "general")),
+            "concat": with_biases(LuongAttention(query_size, key_size, "concat", hidden_size=hidden_size)),
+            "additive": with_biases(AdditiveAttention(query_size, key_size, hidden_size))}
+
+
+def _counts_by_checker(*args):
+    from attncourse.classroom.checks.ch02 import counted_parameters
+    return counted_parameters(*args)
+
+
+def _counts_by_package_formula(query_size, key_size, hidden_size):
+    from attncourse.rnn_attention import score_parameter_count
+    rule = _counts_rule(query_size, key_size, hidden_size)
+    return {**rule, "general": score_parameter_count("general", query_size, key_size) + query_size}
+
+
+def _counts_by_torch_linear(query_size, key_size, hidden_size):
+    """PyTorch's nn.Linear alone, no course code: building it runs tensor operations, refused."""
+    rule = _counts_rule(query_size, key_size, hidden_size)
+    return {**rule, "general": sum(p.numel() for p in torch.nn.Linear(key_size, query_size).parameters())}
+
+
+def _counts_by_meta_linear(query_size, key_size, hidden_size):
+    with torch.device("meta"):
+        layer = torch.nn.Linear(key_size, query_size)
+    return {**_counts_rule(query_size, key_size, hidden_size), "general": layer.weight.numel() + query_size}
+
+
+def _counts_no_dot_when_equal(query_size, key_size, hidden_size):  # forgets that dot exists (with 0) when sizes match
+    return {**_counts_rule(query_size, key_size, hidden_size), "dot": None}
+
+
+def _counts_concat_like_additive(query_size, key_size, hidden_size):  # one bias too many for concat
+    rule = _counts_rule(query_size, key_size, hidden_size)
+    return {**rule, "concat": rule["additive"]}
+
+
+def test_parameter_counts_are_a_rule(tmp_path, monkeypatch):
+    rule_prediction_routes("02-parameter-counts", _counts_rule, tmp_path, monkeypatch,
+                           measured=(_counts_by_modules, _counts_by_checker, _counts_by_package_formula,
+                                     _counts_by_torch_linear, _counts_by_meta_linear),
+                           wrong=(_counts_no_dot_when_equal, _counts_concat_like_additive))
     with pytest.raises(checks.CheckFailed, match="no entry for 'concat'"):  # the form is still explained
-        checks.check("02-parameter-counts", {"dot": None, "general": 1, "additive": 2})
+        checks.check("02-parameter-counts", lambda *args: {"dot": None, "general": 1, "additive": 2})

@@ -12,7 +12,6 @@ from attncourse.classroom import checks
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
 from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
-from exercise_routes import whole_prediction_messages  # noqa: E402
 
 
 def _verdicts(exercise_id, answer, tmp_path, monkeypatch):
@@ -119,6 +118,26 @@ def test_masked_attention_routes(tmp_path, monkeypatch):
     accepted("03-masked-attention", mine, tmp_path, monkeypatch)
 
 
+def test_masked_attention_refuses_magic_fills(tmp_path, monkeypatch):
+    """The review's plausible wrong answers: a finite "very negative" fill (-1e4 in float16 without upcasting, the
+    lesson's anti-pattern; -1e9 in float32) with the empty rows zeroed passed every case; a case whose allowed scores
+    lie below the fill now refuses each, while the lowest finite value of the dtype in float32 still passes."""
+    def fill(value, upcast):
+        def masked_attention(q, k, v, keep):
+            qq, kk = (q.float(), k.float()) if upcast else (q, k)
+            s = (qq @ kk.mT / math.sqrt(q.shape[-1])).masked_fill(~keep, value(qq.dtype))
+            e = (s - s.amax(-1, keepdim=True)).exp() * keep  # the empty rows become zeros
+            z = e.sum(-1, keepdim=True)
+            return (e / torch.where(z > 0, z, 1.0)).to(v.dtype) @ v
+        return masked_attention
+
+    for value, upcast, case in ((lambda dt: -1e4, False, "float16"), (lambda dt: -1e4, True, "float16"),
+                                (lambda dt: -1e9, True, "float32")):
+        msg, _ = _verdicts("03-masked-attention", fill(value, upcast), tmp_path, monkeypatch)
+        assert msg is not None and f"{case}: one head's allowed scores all below" in msg, msg
+    accepted("03-masked-attention", fill(lambda dt: torch.finfo(dt).min, True), tmp_path, monkeypatch)
+
+
 def test_variance_experiment_routes(tmp_path, monkeypatch):
     def closed_form(d_k, std, n, seed):
         return float(d_k * std**4)
@@ -138,9 +157,58 @@ def test_variance_experiment_routes(tmp_path, monkeypatch):
     accepted("03-variance-experiment", measured, tmp_path, monkeypatch)
 
 
-# ----------------------------------------------------------------------------- a prediction is judged whole
+# ----------------------------------------------------------------------------- the prediction is a rule
+
+from test_ch01_checks import rule_prediction_routes  # noqa: E402
 
 
-def test_predict_shapes_is_judged_whole(tmp_path, monkeypatch):
-    said = whole_prediction_messages("03-predict-shapes", tmp_path, monkeypatch)
-    assert "not right" in said
+def _broadcast(*shapes):
+    n = max(map(len, shapes))
+    out = []
+    for sizes in zip(*[(1,) * (n - len(s)) + tuple(s) for s in shapes]):
+        big = {size for size in sizes if size != 1}
+        assert len(big) <= 1, shapes
+        out.append(big.pop() if big else 1)
+    return tuple(out)
+
+
+def _shapes_rule(q, k, v, mask):
+    scores = _broadcast(q[:-2], k[:-2]) + (q[-2], k[-2])  # leading axes broadcast; one score per (query, key)
+    weights = scores  # the mask only says which scores count: it must broadcast to them, it adds no axis
+    return scores, weights, _broadcast(weights[:-2], v[:-2]) + (q[-2], v[-1])
+
+
+def _shapes_by_running(q, k, v, mask):
+    """The review's route: run the lesson's attention on the given shapes (zeros) and read the shapes."""
+    from attncourse import scaled_dot_product_attention
+    out, w = scaled_dot_product_attention(torch.zeros(q), torch.zeros(k), torch.zeros(v),
+                                          torch.ones(mask, dtype=torch.bool), return_weights=True)
+    return tuple((torch.zeros(q) @ torch.zeros(k).mT).shape), tuple(w.shape), tuple(out.shape)
+
+
+def _shapes_by_meta(q, k, v, mask):
+    qm, km, vm = (torch.empty(s, device="meta") for s in (q, k, v))
+    s = qm @ km.mT
+    w = torch.softmax(s.masked_fill(~torch.ones(mask, dtype=torch.bool, device="meta"), float("-inf")), -1)
+    return tuple(s.shape), tuple(w.shape), tuple((w @ vm).shape)
+
+
+def _shapes_by_broadcast_helper(q, k, v, mask):
+    scores = tuple(torch.broadcast_shapes(q[:-2], k[:-2])) + (q[-2], k[-2])
+    return scores, scores, scores[:-1] + (v[-1],)
+
+
+def _shapes_by_checker(*args):
+    from attncourse.classroom.checks.ch03 import measured_attention_shapes
+    return measured_attention_shapes(*args)
+
+
+def _shapes_queries_lead(q, k, v, mask):  # "the output has the query's shape with v's width": no broadcasting
+    return q[:-1] + (k[-2],), q[:-1] + (k[-2],), q[:-1] + (v[-1],)
+
+
+def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
+    rule_prediction_routes("03-predict-shapes", _shapes_rule, tmp_path, monkeypatch,
+                           measured=(_shapes_by_running, _shapes_by_meta, _shapes_by_broadcast_helper,
+                                     _shapes_by_checker),
+                           wrong=(_shapes_queries_lead,))

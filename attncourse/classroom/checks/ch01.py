@@ -234,29 +234,64 @@ def _masked_softmax():
 # ----------------------------------------------------------------------------- 4. predict: a teacher-forced step
 
 SHAPE_PARTS = ("annotations", "weights", "context", "output layer input")
+# the exercise's own configuration: the lesson's Seq2SeqConfig() sizes, a batch of 8, 13 source digits, 13 targets
+SHAPE_CONFIG = dict(batch=8, source_len=13, target_len=13, embed_size=32, encoder_size=32, decoder_size=64,
+                    attention_size=32)
 
 
-@exercise("01-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict", parts=SHAPE_PARTS,
-          hint="work from the lesson's model description, one tensor at a time, and say what each axis of "
-               "a shape counts: what does the encoder hand over for each source position, and how wide is it? How "
-               "many queries does one teacher-forced call ask, and what does each get back? What does the output "
-               "layer read? Settle each size from the configuration before you run anything")
-def _predict_shapes():
-    """Shapes in one teacher-forced step of the lesson's additive model, batch 8, 13 digits."""
-    from attncourse.seq2seq import Seq2SeqConfig, build_model, reverse_batch
+def measured_shapes(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+    """The four shapes of one teacher-forced step, measured on the lesson's additive model built at these sizes
+    (source and target lengths may differ, as in translation)."""
+    from attncourse.seq2seq import Seq2SeqConfig, build_model
 
+    config = Seq2SeqConfig(embed_size=embed_size, encoder_size=encoder_size, decoder_size=decoder_size,
+                           attention_size=attention_size)
     with torch.random.fork_rng():  # building a model seeds the global generator: keep the learner's
-        model = build_model("additive", Seq2SeqConfig())
-    batch = reverse_batch(8, 13, 13, generator=torch.Generator().manual_seed(0))
+        model = build_model("additive", config)
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(2, config.vocab_size, (batch, source_len), generator=gen)  # (B, S), no padding
+    tgt = torch.randint(2, config.vocab_size, (batch, target_len), generator=gen)  # (B, T)
     seen = {}
-    model.out.register_forward_hook(lambda mod, inputs, output: seen.setdefault("out", tuple(inputs[0].shape)))
+    model.out.register_forward_hook(lambda mod, inputs, output: seen.update(out=tuple(inputs[0].shape)))
+    model.attention.register_forward_hook(  # (a hook that returns something would replace the output)
+        lambda mod, inputs, output: seen.update(attention=tuple(tuple(o.shape) for o in output)))
     with torch.no_grad():
-        annotations, _ = model.encode(batch.src, batch.lengths)  # (B, S, 2E)
-        _, weights = model(batch.src, batch.lengths, batch.tgt)  # (B, T, S)
-        context, _ = model.attention(torch.zeros(8, 13, model.config.decoder_size), annotations)  # (B, T, 2E)
-    expected = (tuple(annotations.shape), tuple(weights.shape), tuple(context.shape), seen["out"])
-    return [Case("shapes of (annotations, weights, context, output layer input)", expected=expected,
-                 compare=whole("a tuple of four shapes (annotations, weights, context, output layer input)"))]
+        annotations, _ = model.encode(src, torch.full((batch,), source_len))  # (B, S, 2E)
+        model(src, torch.full((batch,), source_len), tgt)  # teacher forcing: one attention call on all T queries
+    context, weights = seen["attention"]
+    return tuple(annotations.shape), weights, context, seen["out"]
+
+
+@exercise("01-predict-shapes", "predicted_shapes", points=1, category="predict", parts=SHAPE_PARTS,
+          forbid=("attncourse.seq2seq.build_model", "attncourse.seq2seq.Seq2Seq", "attncourse.seq2seq.Seq2SeqConfig",
+                  "attncourse.rnn_attention.AdditiveAttention"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a rule in plain integers, a function of the batch, the two lengths and the "
+                   "model's widths, judged on the exercise's configuration and on configurations drawn from a seed "
+                   "(the grader draws others): building or running the model inside it is refused (no tensor "
+                   "operation may run), and a table of one configuration's shapes fails the drawn ones",
+          hint="work from the lesson's model description, one tensor at a time, and say what each axis of "
+               "a shape counts: what does the encoder hand over for each source position, and how wide is it (which "
+               "width sets it, and how many directions does the encoder read)? How many queries does one teacher-forced "
+               "call ask, and what does each get back? What does the output layer read? Some of the arguments "
+               "may not appear in any shape")
+def _predict_shapes():
+    """Predict, as a function of (batch, source_len, target_len, embed_size, encoder_size, decoder_size,
+    attention_size), the shapes in one teacher-forced step of the lesson's additive model."""
+    gen = torch.Generator().manual_seed(14)  # two more configurations, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [("the exercise's: batch 8, 13 digits in and out, Seq2SeqConfig()", SHAPE_CONFIG)]
+    for _ in range(2):
+        source_len = pick(3, 20)
+        cfg = dict(batch=pick(1, 9), source_len=source_len, target_len=source_len + pick(1, 6) * (-1) ** pick(0, 1),
+                   embed_size=4 * pick(2, 9), encoder_size=4 * pick(2, 12), decoder_size=4 * pick(2, 20),
+                   attention_size=4 * pick(2, 10))
+        cfg["target_len"] = max(cfg["target_len"], 1)
+        configs.append((", ".join(f"{k}={v}" for k, v in cfg.items()), cfg))
+    return [Case(f"shapes of (annotations, weights, context, output layer input) for {name}", tuple(cfg.values()),
+                 expected=measured_shapes(**cfg),
+                 compare=whole("a tuple of four shapes (annotations, weights, context, output layer input)"))
+            for name, cfg in configs]
 
 
 # ----------------------------------------------------------------------------- 5. experiment: why the tanh

@@ -87,25 +87,47 @@ def count_with_biases(module: torch.nn.Module) -> int:
                if isinstance(layer, torch.nn.Linear))
 
 
-@exercise("02-parameter-counts", "parameter_counts", kind="value", points=1, category="predict",
+def counted_parameters(query_size: int, key_size: int, hidden_size: int) -> dict:
+    """Parameters of each score at these sizes, every nn.Linear layer with a bias, counted on the package's modules
+    (None where a score cannot be built)."""
+    counted = {
+        "dot": count_with_biases(LuongAttention(query_size, key_size, "dot")) if query_size == key_size else None,
+        "general": count_with_biases(LuongAttention(query_size, key_size, "general")),
+        "concat": count_with_biases(LuongAttention(query_size, key_size, "concat", hidden_size=hidden_size)),
+        "additive": count_with_biases(AdditiveAttention(query_size, key_size, hidden_size)),
+    }
+    assert counted["general"] == score_parameter_count("general", query_size, key_size) + query_size  # W h + b
+    assert counted["additive"] == counted["concat"] + hidden_size  # one more bias vector of size A
+    return counted
+
+
+@exercise("02-parameter-counts", "parameter_counts", points=1, category="predict",
+          forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
+                  "attncourse.rnn_attention.score_parameter_count"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a count in plain integers, written as a function of the three sizes so that "
+                   "no module or package call can stand in for it (building a layer runs tensor operations, which "
+                   "are refused): equal counts on the exercise's sizes and on sizes drawn from a seed (the grader "
+                   "draws others, one of them with equal query and key sizes) are the skill",
           hint="count every entry of every matrix and vector each score owns, then one bias entry per output of each "
                "of its layers: how many layers does each score have, and how many outputs each? Concat and additive "
                "own the same weights arranged differently, but not the same layers. And can every score be built "
-               "when the query and the keys have different sizes?")
+               "when the query and the keys have different sizes, and what does it own when they are equal?")
 def _counts():
-    """Parameters of each score, every layer with a bias, for a query of 64, keys of 48 and a tanh layer of 32."""
-    dq, dk, a = SIZES["query_size"], SIZES["key_size"], SIZES["hidden_size"]
-    counted = {
-        "dot": None,  # Dq != Dk: LuongAttention refuses to build it
-        "general": count_with_biases(LuongAttention(dq, dk, "general")),
-        "concat": count_with_biases(LuongAttention(dq, dk, "concat", hidden_size=a)),
-        "additive": count_with_biases(AdditiveAttention(dq, dk, a)),
-    }
-    assert counted["general"] == score_parameter_count("general", dq, dk) + dq  # W h + b, b of size Dq
-    assert counted["additive"] == counted["concat"] + a  # one more bias vector of size A
-    return [Case("parameter counts by score, with biases", expected=counted,
+    """Parameters of each score, every layer with a bias, as a function of (query_size, key_size, hidden_size)."""
+    gen = torch.Generator().manual_seed(22)  # two more size triples, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    sizes = [("the exercise's: a query of 64, keys of 48", tuple(SIZES.values()))]
+    same = 4 * pick(1, 32)
+    sizes.append((f"equal query and key sizes ({same})", (same, same, 4 * pick(1, 24))))
+    dq, dk = 4 * pick(1, 32), 4 * pick(1, 32)
+    dk = dk if dk != dq else dq + 4
+    sizes.append((f"a query of {dq}, keys of {dk}", (dq, dk, 4 * pick(1, 24))))
+    return [Case(f"parameter counts by score, with biases, for {name}, a tanh layer of {args[2]}", args,
+                 expected=counted_parameters(*args),
                  compare=whole("a dict with an int (or None) for each of 'dot', 'general', 'concat', 'additive'",
-                               kind="dict"))]
+                               kind="dict"))
+            for name, args in sizes]
 
 
 # ----------------------------------------------------------------------------- 3. bug: a padded batch

@@ -142,20 +142,47 @@ def _batched_bug():
 # ----------------------------------------------------------------------------- 3. predict
 
 
-@exercise("03-predict-shapes", "predicted_shapes", kind="value", points=1, category="predict",
-          parts=("scores", "weights", "output"),
-          hint="write each shape axis by axis, and for every axis ask where it comes from: which leading axes do "
-               "q and k share, and what does a matrix product do with leading axes that differ? Which two axes "
-               "does a score pair up? Does the mask add or change any? And what decides the output's last axis?")
-def _predict_shapes():
-    """Predict the shapes for q (2, 4, 5, 16), k (2, 1, 7, 16), v (2, 1, 7, 8) and a (2, 1, 1, 7) mask."""
-    q, k, v = torch.zeros(2, 4, 5, 16), torch.zeros(2, 1, 7, 16), torch.zeros(2, 1, 7, 8)
-    keep = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+PREDICT_SHAPES = ((2, 4, 5, 16), (2, 1, 7, 16), (2, 1, 7, 8), (2, 1, 1, 7))  # q, k, v, mask: the exercise's
+
+
+def measured_attention_shapes(q_shape, k_shape, v_shape, mask_shape):
+    """(scores, weights, output) shapes, measured by running the course's attention on zeros of these shapes."""
+    q, k, v = torch.zeros(q_shape), torch.zeros(k_shape), torch.zeros(v_shape)
+    keep = torch.ones(mask_shape, dtype=torch.bool)
     out, w = scaled_dot_product_attention(q, k, v, keep, return_weights=True)
     scores = q @ k.transpose(-2, -1)
-    return [Case("shapes of (scores, weights, output)",
-                 expected=(tuple(scores.shape), tuple(w.shape), tuple(out.shape)),
-                 compare=whole("a tuple of three shapes (scores, weights, output)"))]
+    return tuple(scores.shape), tuple(w.shape), tuple(out.shape)
+
+
+@exercise("03-predict-shapes", "predicted_shapes", points=1, category="predict",
+          parts=("scores", "weights", "output"),
+          forbid=(*_FORBID, "torch.broadcast_shapes", "torch.broadcast_tensors"),
+          allow=(), ops=("torch",),
+          prop_doc="the prediction is a rule on plain tuples of ints, a function of the four input shapes, judged on "
+                   "the exercise's shapes and on shapes drawn from a seed (the grader draws others, with size-1 axes "
+                   "in different places): running attention, a matrix product or PyTorch's broadcasting helper "
+                   "inside it is refused, and a table of one configuration's shapes fails the drawn ones",
+          hint="write each shape axis by axis, and for every axis ask where it comes from: which leading axes do "
+               "q and k share, and what does a matrix product do with leading axes that differ (one of them of "
+               "size 1)? Which two axes does a score pair up? Can the mask add or change any? And what decides the "
+               "output's last axis?")
+def _predict_shapes():
+    """Predict, as a function of (q_shape, k_shape, v_shape, mask_shape), the shapes of the scores, the weights and
+    the output of scaled dot-product attention."""
+    gen = torch.Generator().manual_seed(31)  # three more shape sets, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    configs = [PREDICT_SHAPES]
+    for _ in range(3):
+        lead = (pick(2, 4), pick(2, 6))
+        tq, tk, d, dv = pick(1, 9), pick(2, 9), 4 * pick(1, 6), 4 * pick(1, 6)
+        one = lambda: tuple(n if pick(0, 1) else 1 for n in lead)  # noqa: E731  each axis full or of size 1
+        q_lead, k_lead = one(), one()
+        m_lead = tuple(max(a, b) if pick(0, 1) else 1 for a, b in zip(q_lead, k_lead))  # broadcasts to the scores
+        configs.append(((*q_lead, tq, d), (*k_lead, tk, d), (*k_lead, tk, dv), (*m_lead, tq if pick(0, 1) else 1, tk)))
+    return [Case(f"shapes of (scores, weights, output) for q {q}, k {k}, v {v}, mask {m}", (q, k, v, m),
+                 expected=measured_attention_shapes(q, k, v, m),
+                 compare=whole("a tuple of three shapes (scores, weights, output)"))
+            for q, k, v, m in configs]
 
 
 # ----------------------------------------------------------------------------- 4. masked attention, no NaN
@@ -200,7 +227,9 @@ def _masked_by_one_pass(q, k, v, keep):
           shortcuts=(_masked_by_oracle, _masked_by_fused, _masked_by_aten, _masked_by_safe_softmax,
                      _masked_by_aten_safe_softmax, _masked_by_log_softmax, _masked_by_one_pass),
           prop_doc="output equality is the property: exact zeros for blocked keys and fully blocked rows, finite in "
-                   "float16; the guard refuses every softmax and attention kernel, so the softmax is the learner's",
+                   "float16, wherever the allowed scores lie (two cases put one head's allowed scores below -1e4 in "
+                   "float16 and below -1e9 in float32, so a fill that is only large next to scores near 0 fails); "
+                   "the guard refuses every softmax and attention kernel, so the softmax is the learner's",
           hint="blocked keys must get a weight of exactly zero; follow a row whose every key is blocked through "
                "your softmax, step by step, and see where it becomes NaN; half precision needs a wider softmax")
 def _masked():
@@ -223,6 +252,22 @@ def _masked():
     q16, k16, v16 = (x.to(torch.float16) for x in (q, k, v))
     cases.append(Case("float16 with a fully masked row", (q16, k16, v16, keep),
                       expected=scaled_dot_product_attention(q16, k16, v16, keep), rtol=2e-3, atol=2e-3))
+    # real scores can sit anywhere: a fill that is only "very negative" (-1e4 in float16, -1e9 in float32) lends
+    # the blocked keys the weight when the allowed scores of a row lie below it
+    for dtype, (big_q, big_k), fill in ((torch.float16, (200.0, -200.0), "-1e4"),
+                                         (torch.float32, (2e5, -2e4), "-1e9")):
+        qf, kf, vf = (x.clone() for x in (q, k, v))
+        qf[0, 0, :, 0] = big_q  # head 0 of sequence 0: every query's scores near big_q * big_k / sqrt(8)
+        kf[0, 0, :, 0] = big_k + torch.randn(6, generator=gen, dtype=torch.float64) * abs(big_k) / 400
+        qf, kf, vf = (x.to(dtype) for x in (qf, kf, vf))
+        keep = torch.ones(2, 2, 4, 6, dtype=torch.bool)
+        keep[0, 0, :, 3:] = False
+        keep[1, 1, 3] = False
+        lowest = float((qf[0, 0].float() @ kf[0, 0].float().mT).max() / 8**0.5)
+        cases.append(Case(f"{str(dtype).split('.')[1]}: one head's allowed scores all below {lowest:.3g} "
+                          f"(a fill of {fill} is not below them)", (qf, kf, vf, keep),
+                          expected=scaled_dot_product_attention(qf, kf, vf, keep),
+                          rtol=2e-3 if dtype == torch.float16 else 1e-5, atol=2e-3 if dtype == torch.float16 else 1e-6))
     return cases
 
 

@@ -1,0 +1,39 @@
+"""The stored runs of lesson 02's score comparison (notebooks/results/ch02_scores.json) are what the lesson's code
+trains: the lesson's training cell (batch 32, 200 steps, the seeds' batches) retrains stored models here and compares.
+(The lesson itself retrains seed 0 of each score and compares it with the stored seed 0.)"""
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from attncourse.seq2seq import Seq2SeqConfig, accuracy_rows, run_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("kind, seed", [("none", 2), ("general", 1)])
+def test_stored_scores_are_what_the_lesson_trains(kind, seed):
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch02_scores.json").read_text())
+    nb = nbformat.read(ROOT / "notebooks" / "02_luong_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_SCORES =" in c.source)
+    assert "Seq2SeqConfig(batch_size=32)" in cell and "n=200" in cell and "SEEDS = (0, 1, 2)" in cell
+    config = Seq2SeqConfig(batch_size=32)
+    lengths = list(range(config.min_len, config.max_len + 1))
+    assert stored["batch_size"] == 32 and stored["steps"] == config.steps and stored["lengths"] == lengths
+    accuracy = torch.tensor(stored["accuracy"][kind])
+    assert accuracy.shape == (3, len(lengths))
+    run = run_seeds([kind], (seed,), config, lengths=lengths, n=200, progress=False)[kind]
+    torch.testing.assert_close(accuracy_rows(run, lengths)[0], accuracy[seed], rtol=0, atol=0.005)
+
+
+def test_step_time_samples_returns_every_step_and_validates():
+    from attncourse.seq2seq import build_model, step_time_samples, step_times
+
+    models = {"dot": build_model("dot", Seq2SeqConfig(batch_size=4, max_len=5))}
+    samples = step_time_samples(models, repeats=3, warmup=0)
+    assert list(samples) == ["dot"] and len(samples["dot"]) == 3 and all(t > 0 for t in samples["dot"])
+    assert step_times(models, repeats=1, warmup=0)["dot"] > 0
+    with pytest.raises(ValueError, match="repeats"):
+        step_time_samples(models, repeats=0)
