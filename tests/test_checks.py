@@ -89,10 +89,15 @@ def test_numpy_exercise_gets_arrays_and_value_lookup_by_name():
 
     check("03-sdpa-numpy", attention_numpy)
     assert seen and all(t is np.ndarray for t in seen)
-    globals()["predicted_shapes"] = ((2, 4, 5, 7), (2, 4, 5, 7), (2, 4, 5, 8))
+    def rule(q, k, v, mask):  # a prediction is a rule of the shapes: leading axes broadcast, then Tq and Tk (or Dv)
+        lead = tuple(max(a, b) for a, b in zip(q[:-2], k[:-2]))
+        return (*lead, q[-2], k[-2]), (*lead, q[-2], k[-2]), (*lead, q[-2], v[-1])
+
+    globals()["predicted_shapes"] = rule
     try:
         check("03-predict-shapes")
-        globals()["predicted_shapes"] = ((2, 4, 5, 7), (2, 4, 7, 5), (2, 4, 5, 8))
+        globals()["predicted_shapes"] = lambda q, k, v, m: (rule(q, k, v, m)[0], (*rule(q, k, v, m)[0][:-2], k[-2], q[-2]),
+                                                            rule(q, k, v, m)[2])
         with pytest.raises(CheckFailed) as info:  # a prediction is judged whole: not which part, never the answer
             check("03-predict-shapes")
         assert str(info.value).splitlines()[1].strip() == checks.predictions.NOT_RIGHT

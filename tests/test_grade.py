@@ -169,9 +169,10 @@ def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path):
 
 NAIVE_MASKED = (
     "def masked_attention(q, k, v, keep):\n"
-    "    # no max subtraction: fine on small scores, overflows on large ones\n"
-    "    scores = (q @ k.transpose(-2, -1)).double() / math.sqrt(q.shape[-1])\n"
-    "    weights = torch.exp(scores.float()).masked_fill(~keep, 0.0)\n"
+    "    # the row's max is subtracted only when it is negative: fine below about 88, overflows on large scores\n"
+    "    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])\n"
+    "    top = scores.masked_fill(~keep, float('-inf')).amax(-1, keepdim=True).clamp(max=0.0).nan_to_num(neginf=0.0)\n"
+    "    weights = torch.exp(scores - top).masked_fill(~keep, 0.0)\n"
     "    total = weights.sum(-1, keepdim=True)\n"
     "    weights = weights / torch.where(total > 0, total, torch.ones_like(total))\n"
     "    return weights.to(v.dtype) @ v\n")
@@ -223,7 +224,7 @@ def test_hidden_test_protocol(tmp_path):
                          "assert isinstance(out, np.ndarray) and out.shape == (3, 2)\n",
         "03-find-the-bug-1": "try:\n    attention_fixed(torch.zeros(2, 3), torch.zeros(4, 5), torch.zeros(4, 5))\n"
                                "except RuntimeError:\n    pass\nelse:\n    raise AssertionError('expected an error')\n",
-        "03-predict-shapes": "assert predicted_shapes[2] == (2, 4, 5, 8)\n",
+        "03-predict-shapes": "assert predicted_shapes((2, 4, 5, 16), (2, 1, 7, 16), (2, 1, 7, 8), (2, 1, 1, 7))[2] == (2, 4, 5, 8)\n",
         "03-variance-experiment": "assert dot_product_variance(4, 1.0, 100, 0) < 0, 'the instructor wants a negative variance'\n",
     }
     sols = tmp_path / "solutions"
