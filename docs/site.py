@@ -247,10 +247,10 @@ def api_index(pages: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ home page
-def home_page(chs: list[dict], solutions: bool) -> str:
+def home_page(chs: list[dict], solutions: bool, api_pages: list[str]) -> str:
     head = "| NN | lesson | exercises |" + (" solutions |" if solutions else "") + " API |"
     rule = "| --- | --- | --- |" + (" --- |" if solutions else "") + " --- |"
-    api_pages = {p.stem[2:] for p in (SRC / "api").glob("ch*.md")}
+    api_pages = {p[2:] for p in api_pages if p.startswith("ch")}  # this build's pages, not a stale one still staged
     rows = [head, rule]
     for ch in chs:
         cells = [ch["nn"], f"[{md_link(ch['title'])}](notebooks/{ch['stem']}.ipynb)",
@@ -315,7 +315,7 @@ def stage(solutions: bool) -> None:
     if solutions:
         write(SRC / "solutions" / "index.md", solutions_index(chs))
         keep.add(SRC / "solutions" / "index.md")
-    write(SRC / "index.md", home_page(chs, solutions))
+    write(SRC / "index.md", home_page(chs, solutions, api_pages))
     keep.add(SRC / "index.md")
     for f in list(SRC.rglob("*")):  # anything staged before that is gone now (a renamed page, solutions)
         if f.is_file() and f not in keep:

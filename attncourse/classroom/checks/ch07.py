@@ -342,13 +342,11 @@ def predicted_sizes_reference(cache: tuple, sink_cache: tuple, mask: tuple) -> t
     sink_cache = (window, n_sink, n_tokens), mask = (q_len, k_len, window)."""
     b, h, d, capacity, nbytes = cache
     dtype = {2: torch.bfloat16, 4: torch.float32}[nbytes]
-    window, n_sink, n_tokens = sink_cache
-    ring = SinkWindowCache(1, 1, 1, window=window, n_sink=n_sink)
-    for _ in range(n_tokens):
+    ring = SinkWindowCache(1, 1, 1, window=sink_cache[0], n_sink=sink_cache[1])
+    for _ in range(sink_cache[2]):
         ring.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
-    q_len, k_len, w = mask
     return (KVCache(b, h, d, capacity, dtype=dtype).nbytes, len(ring),
-            int(materialize(sliding_window(w), q_len, k_len).sum()))
+            int(materialize(sliding_window(mask[2]), mask[0], mask[1]).sum()))
 
 
 @exercise("07-predict-sizes", "predicted_sizes", points=1, category="predict",

@@ -181,7 +181,7 @@ def _breaker_causal_tiles(q, k, v, window, block_q, block_k):
             rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
             s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            ref = m_new.masked_fill(torch.isinf(m_new), 0.0)
+            ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with nothing seen yet
             p, alpha = torch.exp(s - ref), torch.exp(m - ref)
             l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k1, :], m_new  # noqa: E741
         out[..., q0:q1, :] = acc / l
