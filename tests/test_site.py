@@ -12,6 +12,7 @@ import ast
 import fcntl
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,13 +34,23 @@ def built_site() -> Path:
         pytest.skip("the docs extra is missing: pip install -e '.[docs]' (./course test installs it)")
     if "log" not in _BUILT:
         (ROOT / "build").mkdir(exist_ok=True)
+        # One build per test run, shared by the pytest workers: a second build while another worker reads the
+        # site would delete its source pages (_modules/) under it, so the worker that builds leaves the run's id
+        # beside the site and the others read that build.
+        run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid-{os.getpid()}")
+        marker = ROOT / "build" / "site.built-by"
         with open(ROOT / "build" / "site.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if marker.exists() and marker.read_text() == run_id and (SITE / "index.html").exists():
+                _BUILT["log"] = "built by another worker of this run"
+                return SITE
+            marker.unlink(missing_ok=True)
             run = subprocess.run([sys.executable, str(ROOT / "docs" / "site.py")], cwd=ROOT, capture_output=True,
                                  text=True, timeout=900)
-        if run.returncode != 0:
-            raise AssertionError(f"./course site failed (warnings are errors):\n{run.stdout[-4000:]}\n"
-                                 f"{run.stderr[-8000:]}")
+            if run.returncode != 0:
+                raise AssertionError(f"./course site failed (warnings are errors):\n{run.stdout[-4000:]}\n"
+                                     f"{run.stderr[-8000:]}")
+            marker.write_text(run_id)
         _BUILT["log"] = run.stdout
     return SITE
 
