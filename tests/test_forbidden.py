@@ -420,3 +420,24 @@ def test_exceptions_and_generators_inside_an_answer_still_work(exercise, verdict
         return torch.stack([r / r.sum() for r in rows])
 
     assert passed(verdicts(ex, honest))
+
+
+def test_the_guards_bookkeeping_runs_no_learner_code_unwatched(exercise, verdicts):
+    """The modes' bookkeeping runs without the profile hook (a 2x faster check) only on plain tensors and plain
+    functions: a tensor subclass whose methods the guard reads, or a callable of the learner's handed to the
+    torch-function mode, stays watched, so a forbidden call made from there is refused."""
+    ex = exercise(slope_cases, ("attncourse.positions.alibi_slopes",), ops=("softmax",), trace=True)
+    smuggled = []
+
+    class Sneaky(torch.Tensor):
+        def untyped_storage(self):  # the guard reads each operand's storage while it records the trace
+            smuggled.append(attncourse.positions.alibi_slopes(4))
+            return super().untyped_storage()
+
+    def sneaky(n):
+        x = torch.zeros(n).as_subclass(Sneaky)
+        (x + 1).sum()
+        return smuggled[-1] if smuggled else my_slopes(n)
+
+    assert refused(verdicts(ex, sneaky), "attncourse.positions.alibi_slopes")
+    assert passed(verdicts(ex, my_slopes))

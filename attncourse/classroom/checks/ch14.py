@@ -195,7 +195,8 @@ def _breaker_dense(q, k, v, block, top_k):
 
 
 def _breaker_every_block(q, k, v, block, top_k):
-    """Per query, every earlier block visited and the unselected ones masked: right output, too many reads."""
+    """Every earlier block visited, one block of queries against one block of keys at a time, the unselected
+    (query, block) pairs masked: right output, block-sized reads, but the work of all earlier blocks."""
     h, t, d = q.shape
     nb = -(-t // block)
     gate = q @ torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1).transpose(-2, -1)
@@ -204,15 +205,16 @@ def _breaker_every_block(q, k, v, block, top_k):
     sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
     out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
     for hh in range(h):
-        for i in range(t):
-            m0 = q.new_full((1,), -math.inf)
-            state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(1, v.shape[-1]))
-            for b in range(i // block + 1):
+        for qb in range(nb):
+            q0, q1 = qb * block, min((qb + 1) * block, t)
+            m0 = q.new_full((q1 - q0,), -math.inf)
+            state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(q1 - q0, v.shape[-1]))
+            for b in range(qb + 1):
                 k0, k1 = b * block, min((b + 1) * block, t)
-                s = (q[hh, i:i + 1] @ k[hh, k0:k1].transpose(-2, -1)) / math.sqrt(d)
-                keep = (torch.arange(k0, k1) <= i) & bool(sel[hh, i, b])
-                state = online_attention_update(state, s.masked_fill(~keep[None, :], -math.inf), v[hh, k0:k1])
-            out[hh, i] = finalize_attention_state(state)[0][0]
+                s = (q[hh, q0:q1] @ k[hh, k0:k1].transpose(-2, -1)) / math.sqrt(d)
+                keep = (torch.arange(k0, k1)[None, :] <= torch.arange(q0, q1)[:, None]) & sel[hh, q0:q1, b, None]
+                state = online_attention_update(state, s.masked_fill(~keep, -math.inf), v[hh, k0:k1])
+            out[hh, q0:q1] = finalize_attention_state(state)[0]
     return out
 
 
