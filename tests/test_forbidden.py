@@ -441,3 +441,83 @@ def test_the_guards_bookkeeping_runs_no_learner_code_unwatched(exercise, verdict
 
     assert refused(verdicts(ex, sneaky), "attncourse.positions.alibi_slopes")
     assert passed(verdicts(ex, my_slopes))
+
+
+def doubled_cases():
+    x = torch.randn(40, 40, generator=torch.Generator().manual_seed(1))
+    return [checks.Case("40 x 40", (x,), expected=2 * x)]
+
+
+def test_complex_numbers_are_refused_where_the_exercise_asks_for_real_arithmetic(exercise, verdicts):
+    ex = exercise(doubled_cases, (), ops=("complex",))
+    assert passed(verdicts(ex, lambda x: x + x))
+    for answer in (lambda x: (x.view(torch.complex64) * 2).view(torch.float32),
+                   lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(40, 20, 2)) * 2).reshape(40, 40),
+                   lambda x: (x * (2 + 0j)).real,
+                   lambda x: torch.polar(x.abs(), torch.zeros_like(x)).real * 2 * x.sign()):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "complex numbers" in cell and status == "failed", (cell, status, message)
+        assert "complex numbers" in message
+
+
+def test_the_numbers_stay_in_pytorch_bar_a_few(exercise, verdicts):
+    """An implement exercise on tensors refuses reading its inputs out into plain Python in bulk (tolist, item,
+    float(t), a storage's tolist): the arithmetic would run where no trace sees it. A few numbers (a loop bound, an
+    index) are fine."""
+    ex = exercise(doubled_cases, ())
+    assert "numpy" in ex.forbidden_ops
+    assert passed(verdicts(ex, lambda x: x * 2))
+    assert passed(verdicts(ex, lambda x: x * (int(x.shape[0] > 0) + float(x[0, 0] * 0 + 1))))
+
+    def by_list(x):
+        return torch.tensor([[2 * v for v in row] for row in x.tolist()])
+
+    def by_item(x):
+        out = torch.empty_like(x)
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[i, j] = 2 * float(x[i, j])
+        return out
+
+    def by_storage(x):  # the bytes of the storage, read out and put back: the learner's arithmetic could go between
+        raw = x.contiguous().untyped_storage().tolist()
+        return torch.tensor(raw, dtype=torch.uint8).view(torch.float32).view(40, 40) * 2
+
+    def by_bits(x):  # integers are not counted, but floats' bits read as integers are refused
+        import struct
+        words = x.contiguous().view(torch.int32).tolist()
+        return torch.tensor([[2 * struct.unpack("f", struct.pack("i", w))[0] for w in row] for row in words])
+
+    cell, (status, message) = verdicts(ex, by_bits)
+    assert cell is not None and "reinterpreted as integers" in cell and status == "failed", (cell, message)
+    for answer in (by_list, by_item, by_storage):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "numbers read out of tensors" in cell and status == "failed", (answer.__name__, cell, message)
+        assert "numbers read out of tensors" in message
+
+
+def test_forbidding_autograd_forbids_its_engine(exercise, verdicts):
+    def cases():
+        x = torch.randn(6, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        return [checks.Case("x", (x,), expected=3 * x**2)]
+
+    ex = exercise(cases, ("torch.autograd.grad", "torch.Tensor.backward"))
+    assert passed(verdicts(ex, lambda x: 3 * x * x))
+
+    def engine(x):
+        x = x.detach().requires_grad_()
+        y = (x**3).sum()
+        torch.autograd.Variable._execution_engine.run_backward((y,), (torch.ones_like(y),), False, False, (),
+                                                                False)
+        return x.grad
+
+    def engine_inputs(x):
+        x = x.detach().requires_grad_()
+        y = (x**3).sum()
+        return torch.autograd.Variable._execution_engine.run_backward((y,), (torch.ones_like(y),), False, False,
+                                                                       (x,), False)[0]
+
+    for answer in (engine, engine_inputs, lambda x: torch.autograd.grad((x.detach().requires_grad_() ** 3).sum(),
+                                                                          [x])[0]):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "called" in cell and status == "failed", (cell, status, message)

@@ -57,10 +57,16 @@ FAMILIES = {
     "logsumexp": re.compile(r"^(logsumexp|logaddexp2?|logcumsumexp)"),
     "torch": re.compile(r"."),  # any operator: an answer that must use NumPy alone
     "numpy": re.compile(r"(?!)"),  # no PyTorch operator: NumPy itself, for an answer that is a rule in plain Python
+    "complex": re.compile(r"^(view_as_complex|view_as_real|complex|polar)$"),  # and any operator on a complex tensor
 }
 WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
          "torch": "a PyTorch operation (this exercise's answer is NumPy alone, or plain Python)",
-         "numpy": "NumPy (this answer is judged by what it runs in PyTorch, or is a rule in plain Python)"}
+         "numpy": "NumPy (this answer is judged by what it runs in PyTorch, or is a rule in plain Python)",
+         "complex": "complex numbers (this exercise asks for the arithmetic on real numbers)",
+         "bits": "floating-point numbers reinterpreted as integers (the arithmetic must run in PyTorch, where the "
+                 "check sees it)",
+         "scalars": "more numbers read out of tensors into plain Python than this exercise allows (the arithmetic "
+                    "must run in PyTorch, where the check sees it)"}
 # Families whose whole job other libraries would do: their code is refused with the family.
 PACKAGES = {
     "attention": ("flash_attn", "xformers", "transformers", "jax", "tensorflow", "keras", "einx"),
@@ -501,6 +507,13 @@ class Guard:
         for dotted in pol.get("forbid", ()):
             for obj in resolve(dotted, namespace):
                 self._add(obj, dotted)
+        if AUTOGRAD.intersection(pol.get("forbid", ())):  # the engine both reach, called directly
+            import torch
+
+            engine = getattr(torch._C, "_ImperativeEngine", None)
+            for name in ("run_backward", "queue_callback"):
+                if getattr(engine, name, None) is not None:
+                    self._add(getattr(engine, name), f"torch.autograd's engine ({name})")
         self.library = LIBRARY if pol.get("library") else None
         self.families = tuple(pol.get("ops", ()))
         self.allowed, self._keep = set(), []
@@ -511,6 +524,8 @@ class Guard:
                     self._keep.append(code)
         self.packages = tuple(sorted({p for fam in self.families for p in PACKAGES.get(fam, ())}))
         self.tracing = bool(pol.get("trace"))
+        self.scalars, self.scalar_budget = 0, None  # numbers read out of tensors (item, tolist): see run()
+        self._complex = "complex" in self.families
         self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0}
         self.labels = {}
         self._kinds = {}
@@ -692,6 +707,11 @@ class Guard:
                 if not launched and not self._inside_allowed(frame.f_back):
                     fam = next((f for f in self.families if pkg in PACKAGES.get(f, ())), None)
                     self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back), fam)
+            elif kind == "torch" and self.scalar_budget is not None and code.co_name in ("tolist", "__getitem__") \
+                    and code.co_filename.endswith("storage.py"):  # a storage's bytes, read out
+                owner = frame.f_locals.get("self")
+                self._read_out(len(owner) if code.co_name == "tolist" else 1, f"{type(owner).__name__}.{code.co_name}",
+                               frame.f_back)
             elif kind == "torch" and frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" \
                     and any(e in code.co_name for e in ESCAPES):
                 self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
@@ -718,7 +738,8 @@ class Guard:
                 if name == "_getframe" and self._kind(frame.f_code) != "learner":
                     pass  # typing and namedtuple ask for their caller's module while a first launch imports;
                     # the audit hook refuses any frame of the answer or the check reached that way
-                elif name in ESCAPES or name in ELSEWHERE:  # a kernel's body is the learner's code too
+                elif (name in ESCAPES or name in ELSEWHERE) and self._kind(frame.f_code) != "self":  # a kernel's
+                    # body is the learner's code too (the guard's own handlers ask for the hook they suspend)
                     self._hit(f"{getattr(arg, '__module__', None) or 'sys'}.{name}", self._where(frame))
                 if self.previous is not None:
                     self.previous(frame, event, arg)
@@ -751,7 +772,22 @@ class Guard:
         if self.previous is not None:
             self.previous(frame, event, arg)
 
-    def _on_function(self, func):
+    def _read_out(self, n, name, frame):
+        """`n` floating-point numbers left PyTorch for plain Python (``item``, ``float(t)``, ``tolist``): refused
+        past the budget. Integers and booleans (indices, counts, flags) are control flow and never counted."""
+        if self.scalar_budget is None or self._allowed_frames or self._launch_frames:
+            return
+        self.scalars += n
+        if self.scalars > self.scalar_budget:
+            self._hit(name, self._where(frame), "scalars")
+
+    def _on_function(self, func, args=()):
+        if self.scalar_budget is not None and getattr(func, "__name__", None) == "tolist" and args:
+            import torch
+
+            t = args[0]
+            if (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and (t.is_floating_point() or t.is_complex()):
+                self._read_out(t.numel(), "Tensor.tolist", sys._getframe(2))
         try:
             dotted = self.builtins.get(func)
         except TypeError:
@@ -769,8 +805,16 @@ class Guard:
         inlib = bool(self._allowed_frames)
         if self.families and not inlib:
             fam = family_of(name, self.families)
+            if fam is None and self._complex and _any_complex(args, kwargs):
+                fam = "complex"
             if fam is not None:
                 self._hit(name, self._where(sys._getframe(1)), fam)
+        if self.scalar_budget is not None and name == "aten::view.dtype" and not inlib and len(args) > 1 and \
+                args[0].is_floating_point() and not args[1].is_floating_point:  # floats' bits read as integers
+            self._hit("Tensor.view(dtype)", self._where(sys._getframe(1)), "bits")
+        if self.scalar_budget is not None and name == "aten::_local_scalar_dense" and args and \
+                (args[0].is_floating_point() or args[0].is_complex()):  # indices and flags are control flow
+            self._read_out(1, "Tensor.item (or float(t))", sys._getframe(1))
         if self.tracing:
             counts = self.trace["counts"]
             counts[name] = counts.get(name, 0) + 1
@@ -911,7 +955,7 @@ def _mode_classes():
                 if _plain_function(func):  # the guard's bookkeeping runs unprofiled (a 4x faster check) where no
                     sys.setprofile(None)  # learner code can run inside it: a function of C or of plain Python
                 try:
-                    self.guard._on_function(func)  # no stop here: this level also sees state switches such as
+                    self.guard._on_function(func, args)  # no stop here: this level also sees state switches such as
                 finally:  # no_grad's __exit__, which must run
                     sys.setprofile(hook)
                 return func(*args, **(kwargs or {}))
@@ -943,6 +987,25 @@ def _plain_function(func):
     return tp is types.BuiltinFunctionType or tp is types.FunctionType or tp is types.MethodDescriptorType or \
         tp is types.WrapperDescriptorType or tp is types.MethodWrapperType or tp is types.GetSetDescriptorType or \
         tp is types.ClassMethodDescriptorType
+
+
+def _any_complex(args, kwargs):
+    """Whether an operator gets a complex tensor, a complex number or a complex dtype."""
+    import torch
+
+    def walk(items):
+        for a in items:
+            tp = type(a)
+            if tp is list or tp is tuple:
+                if walk(a):
+                    return True
+            elif tp is complex or (tp is torch.dtype and a.is_complex):
+                return True
+            elif issubclass(tp, torch.Tensor) and a.is_complex():
+                return True
+        return False
+
+    return walk(args) or walk(tuple((kwargs or {}).values()))
 
 
 def _plain_args(items):
@@ -1007,12 +1070,35 @@ class CallGuard(Guard):
         super().__init__(policy(forbid=names, library=False), namespace)
 
 
+AUTOGRAD = {"torch.autograd.grad", "torch.autograd.backward", "torch.Tensor.backward"}
+SCALAR_FLOOR = 256  # numbers an answer may always read out of its tensors (loop bounds, indices, a few flags)
+
+
+def _entries(items):
+    """The number of tensor entries among `items` (lists, tuples and dicts opened)."""
+    import torch
+
+    total = 0
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            total += a.numel()
+        elif isinstance(a, (list, tuple)):
+            total += _entries(a)
+        elif isinstance(a, dict):
+            total += _entries(list(a.values()))
+    return total
+
+
 def run(answer, args, kwargs, pol, namespace=None):
     """Call ``answer(*args, **kwargs)`` under the guard of policy `pol`: a dict with ``result``, ``error`` (the
     exception it raised, or None), ``used`` (what it reached that is forbidden, with where) and ``trace``."""
     pol = dict(pol or {})
     args, kwargs = list(args), dict(kwargs or {})
     guard = Guard(pol, namespace, stop=True)
+    if "numpy" in guard.families:  # an answer judged by what it runs in PyTorch: its numbers stay there, bar a few
+        entries = _entries(args) + _entries(list(kwargs.values()))  # (indices, counts, a value per block)
+        if entries:
+            guard.scalar_budget = max(SCALAR_FLOOR, entries // 4)
     stream = pol.get("stream")
     chunks = None
     if stream:
