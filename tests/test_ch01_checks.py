@@ -205,6 +205,8 @@ def test_padding_mask_fills(tmp_path, monkeypatch):
     for small in (-30.0, -1000.0):
         msg, _ = _verdicts("01-padding-mask", fill(small, True), tmp_path, monkeypatch)
         assert msg is not None and "near -5000" in msg and "times the right one" not in msg, msg
+    msg, _ = _verdicts("01-padding-mask", fill(-1e9, True), tmp_path, monkeypatch)  # chapter 03's silent bug
+    assert msg is not None and "near -3e9" in msg, msg
     msg, _ = _verdicts("01-padding-mask", fill(-1e30, False), tmp_path, monkeypatch)
     assert msg is not None and "length 0" in msg, msg  # uniform weights on the empty row
     accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)

@@ -202,10 +202,10 @@ def _shortcut_fused(scores, lengths):
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
                      _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
-                   "over the real positions, wherever the real scores lie (one case puts them near -5000, so a fill "
-                   "that is only large next to scores near 0 fails); a plain softmax is allowed, the masking and the "
-                   "empty row are the skill. A finite fill far below every score (-1e30) followed by zeroing the "
-                   "empty rows is a right answer in float64: it decides the empty row, which is the point",
+                   "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
+                   "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
+                   "allowed, the masking and the empty row are the skill. A finite fill far below every score "
+                   "(-1e30) followed by zeroing the empty rows is a right answer in float64: it decides the empty row, which is the point",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
                "others a score no exponential can lift above zero, wherever the real scores of the row lie. Then ask "
                "what a softmax does to a row in which "
@@ -222,6 +222,8 @@ def _masked_softmax():
         # "very negative" next to scores near 0 (say -30 or -1000) lends the padding weight here
         "the first row's real scores all near -5000 (its padding must still get exactly 0)": (2, 5, [3, 2],
                                                                                              [-5000.0, 0.0]),
+        # -1e9 (the fill chapter 03 calls a silent bug) is only "very negative" next to scores above it
+        "the second row's real scores all near -3e9 (a fill of -1e9 is above them)": (2, 5, [4, 3], [0.0, -3e9]),
     }.items():
         scores = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3 + torch.tensor(shift)[..., None]
         lengths_t = torch.tensor(lengths)
