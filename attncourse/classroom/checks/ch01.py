@@ -307,8 +307,8 @@ def _weight_spread(weights: torch.Tensor) -> float:
     return float((weights.amax(0) - weights.amin(0)).mean())
 
 
-def variant_influence_reference(queries, keys, W_q, W_k, v):
-    """The weight spread of N queries against one sequence's T keys, for each score variant of VARIANTS."""
+def variant_weights_reference(queries, keys, W_q, W_k, v):
+    """The (N, T) attention weights of N queries over one sequence's T keys, for each score variant of VARIANTS."""
     q, k = queries @ W_q.T, keys @ W_k.T  # (N, A), (T, A)
     hidden = q[:, None] + k  # (N, 1, A) + (T, A) -> (N, T, A)
     scores = {
@@ -318,13 +318,15 @@ def variant_influence_reference(queries, keys, W_q, W_k, v):
         "separate": (torch.tanh(q) @ v)[:, None] + torch.tanh(k) @ v,  # v^T tanh(W_q s) + v^T tanh(W_k h_j)
         "product": (q[:, None] * k) @ v,  # v^T (W_q s * W_k h_j), elementwise
     }
-    return tuple(_weight_spread(torch.softmax(scores[name], dim=-1)) for name in VARIANTS)  # over the T positions
+    return tuple(torch.softmax(scores[name], dim=-1) for name in VARIANTS)  # over the T positions
 
 
-@exercise("01-query-influence", "variant_influence", points=2, category="experiment",
+@exercise("01-query-influence", "variant_weights", points=2, category="experiment",
+          prop_doc="output equality is the property: the five (N, T) weight tables, one per variant, for drawn "
+                   "queries, keys and projections; no table is fixed by a theorem (the two whose spread is 0 still "
+                   "depend on the keys), so none can be typed, and the spreads are measured from them afterwards",
           hint="build each variant's (N, T) table of scores from the two projections, computed once; a softmax over "
-               "the positions turns each query's row into its weights, and the given spread function measures them. "
-               "Return the five numbers in the order asked")
+               "the positions turns each query's row into its weights. Return the five tables in the order asked")
 def _query_influence():
     """Which score variants let the decoder state change the weights? Measured over seeds and sizes."""
     cases = []
@@ -336,6 +338,6 @@ def _query_influence():
         w_k = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
         v = torch.randn(a, generator=gen, dtype=torch.float64)
         args = (queries, keys, w_q, w_k, v)
-        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; influence of {', '.join(VARIANTS)}"
-        cases.append(Case(name, args, expected=variant_influence_reference(*args), rtol=1e-6, atol=1e-9))
+        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; weights of {', '.join(VARIANTS)}"
+        cases.append(Case(name, args, expected=variant_weights_reference(*args), rtol=1e-6, atol=1e-9))
     return cases
