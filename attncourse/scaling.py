@@ -100,8 +100,8 @@ def lookup_batch(config: LookupConfig, gen: torch.Generator) -> tuple[torch.Tens
     return tokens, values, queries, values[rows, pick]
 
 
-def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig | None = None
-                 ) -> dict[str, torch.Tensor]:
+def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig | None = None, *,
+                 qk_norm: bool = False, cap: float | None = None) -> dict[str, torch.Tensor]:
     r"""Train query and key projections :math:`W_q, W_k \in \mathbb{R}^{d_{in} \times d_k}` with Adam on the lookup.
 
     The model is one attention step, :math:`\mathrm{out} = \mathrm{softmax}(c\,(x_q W_q)(X W_k)^\top)\,V`, and the
@@ -114,26 +114,39 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
         scale: ``"sqrt"``, ``"none"``, ``"d"`` or a positive number (see :func:`score_gradients`).
         seed: seeds the initialisation and the batches.
         config: task and optimiser sizes (:class:`LookupConfig`).
+        qk_norm: RMS-normalise q and k over their d_k entries, each then times a learned per-channel gain
+            (initialised to 1, trained with the projections): QK-norm.
+        cap: soft-cap the scaled logits, :math:`s \mapsto \mathrm{cap}\tanh(s/\mathrm{cap})` (a positive float),
+            or None.
 
     Returns:
         dict of (steps,) float tensors: ``"loss"`` per step, ``"saturated"`` the share of rows whose largest
-        weight exceeds 0.99, ``"logit_grad"`` the median over rows of :math:`\|\partial L/\partial s\|`.
+        weight exceeds 0.99, ``"logit_grad"`` the median over rows of :math:`\|\partial L/\partial s\|`,
+        ``"max_logit"`` the largest :math:`|s|` in the batch (after the scale, the norm and the cap).
 
     Raises:
-        ValueError: if `d_k` is not a positive int or `scale` is not accepted.
+        ValueError: if `d_k` is not a positive int, `scale` is not accepted or `cap` is not positive.
     """
     _validate.positive_int("d_k", d_k)
     c = _scale_factor(scale, d_k)
+    if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0):
+        raise ValueError(f"cap must be a positive number or None, got {cap!r}")
     config = config or LookupConfig()
     gen = torch.Generator().manual_seed(seed)
     w_q = (torch.randn(config.d_in, d_k, generator=gen) / math.sqrt(config.d_in)).requires_grad_()  # (d_in, d_k)
     w_k = (torch.randn(config.d_in, d_k, generator=gen) / math.sqrt(config.d_in)).requires_grad_()  # (d_in, d_k)
-    opt = torch.optim.Adam([w_q, w_k], lr=config.lr)
-    trace = {name: torch.empty(config.steps) for name in ("loss", "saturated", "logit_grad")}
+    gains = [torch.ones(d_k, requires_grad=True) for _ in range(2)] if qk_norm else []  # (d_k,) each
+    opt = torch.optim.Adam([w_q, w_k, *gains], lr=config.lr)
+    trace = {name: torch.empty(config.steps) for name in ("loss", "saturated", "logit_grad", "max_logit")}
     for step in range(config.steps):
         tokens, values, queries, target = lookup_batch(config, gen)
         q, k = queries @ w_q, tokens @ w_k                          # (B, d_k), (B, S, d_k)
+        if qk_norm:                                                 # unit RMS over d_k, then the learned gains
+            q = gains[0] * q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6)
+            k = gains[1] * k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6)
         logits = (k @ q[:, :, None]).squeeze(-1) * c                # (B, S, d_k) @ (B, d_k, 1) -> (B, S)
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
         logits.retain_grad()
         weights = safe_softmax(logits, dim=-1)                      # (B, S)
         out = (weights[:, None] @ values).squeeze(1)                # (B, 1, S) @ (B, S, d_v) -> (B, d_v)
@@ -144,4 +157,5 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
         trace["loss"][step] = loss.item()
         trace["saturated"][step] = (weights.detach().amax(-1) > 0.99).float().mean()
         trace["logit_grad"][step] = logits.grad.norm(dim=-1).median()
+        trace["max_logit"][step] = logits.detach().abs().max()
     return trace

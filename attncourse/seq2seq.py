@@ -43,7 +43,7 @@ PAD, SOS = 0, 1  # token ids; digit d is token d + 2
 ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
 # local-p: Luong's local attention with a predicted position on that decoder (weights sum to at most 1);
 # bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
-MORE_KINDS = ("local-p", "bahdanau")
+MORE_KINDS = ("local-p", "bahdanau", "general-identity")
 
 
 class Batch(NamedTuple):
@@ -128,6 +128,14 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
                                hidden_size=config.attention_size)
     if kind == "bahdanau":
         return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
+    if kind == "general-identity":  # general with W = I at initialisation: exactly the dot score at step 0
+        if config.decoder_size != config.key_size:
+            raise ValueError(f"general-identity needs decoder_size == key_size, got {config.decoder_size} and "
+                             f"{config.key_size}")
+        attention = LuongAttention(config.decoder_size, config.key_size, "general", hidden_size=config.attention_size)
+        with torch.no_grad():  # drawn as general's W (the rest of the model is general's), then set to I
+            attention.W.weight.copy_(torch.eye(config.decoder_size))
+        return attention
     raise ValueError(f"attention must be one of {ATTENTIONS + MORE_KINDS}, got {kind!r}")
 
 

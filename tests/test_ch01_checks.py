@@ -51,12 +51,12 @@ def test_query_influence_tells_the_variants_apart():
 
     def tanh_everywhere(queries, keys, W_q, W_k, v):  # every variant scored like the first: the check must notice
         w = torch.softmax(torch.tanh((queries @ W_q.T)[:, None] + keys @ W_k.T) @ v, dim=-1)  # (N, T)
-        return tuple(_weight_spread(w) for _ in VARIANTS)
+        return tuple(w for _ in VARIANTS)
 
     with pytest.raises(checks.CheckFailed, match="01-query-influence"):
         checks.check("01-query-influence", tanh_everywhere)
     expected = checks.get("01-query-influence").make_cases()[0].expected
-    spread = dict(zip(VARIANTS, expected))
+    spread = {name: _weight_spread(w) for name, w in zip(VARIANTS, expected)}
     assert spread["linear"] < 1e-12 and spread["separate"] < 1e-12  # a constant per query: the softmax ignores it
     assert min(spread["tanh"], spread["relu"], spread["product"]) > 1e-3
 
@@ -180,12 +180,34 @@ def test_padding_mask_routes(tmp_path, monkeypatch):
 
 
 def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
-    from attncourse.classroom.checks.ch01 import variant_influence_reference
+    from attncourse.classroom.checks.ch01 import variant_weights_reference
 
     def reference(*args):
-        return variant_influence_reference(*args)
+        return variant_weights_reference(*args)
 
     refused("01-query-influence", reference, tmp_path, monkeypatch)
+
+
+def test_query_influence_refuses_typed_zero_influence(tmp_path, monkeypatch):
+    """The answer is five weight tables, not five spreads: the two variants whose spread is 0 by a theorem cannot be
+    typed in (a uniform table, the 0 the lesson states, fails), and the right tables pass."""
+    def scores(queries, keys, W_q, W_k, v):
+        q, k = queries @ W_q.T, keys @ W_k.T
+        pair = q[:, None] + k
+        return (torch.tanh(pair) @ v, pair @ v, pair.clamp(min=0) @ v,
+                (torch.tanh(q) @ v)[:, None] + torch.tanh(k) @ v, (q[:, None] * k) @ v)
+
+    def right(*args):
+        return tuple(torch.softmax(e, -1) for e in scores(*args))
+
+    def typed(*args):  # tanh, relu and product computed; linear and separate "ignore the query": typed as uniform
+        w = [torch.softmax(e, -1) for e in scores(*args)]
+        w[1] = w[3] = torch.full_like(w[0], 1 / w[0].shape[1])
+        return tuple(w)
+
+    accepted("01-query-influence", right, tmp_path, monkeypatch)
+    cell, (status, _) = _verdicts("01-query-influence", typed, tmp_path, monkeypatch)
+    assert cell is not None and status == "failed", (cell, status)
 
 
 def test_padding_mask_fills(tmp_path, monkeypatch):
@@ -205,6 +227,8 @@ def test_padding_mask_fills(tmp_path, monkeypatch):
     for small in (-30.0, -1000.0):
         msg, _ = _verdicts("01-padding-mask", fill(small, True), tmp_path, monkeypatch)
         assert msg is not None and "near -5000" in msg and "times the right one" not in msg, msg
+    msg, _ = _verdicts("01-padding-mask", fill(-1e9, True), tmp_path, monkeypatch)  # chapter 03's silent bug
+    assert msg is not None and "near -3e9" in msg, msg
     msg, _ = _verdicts("01-padding-mask", fill(-1e30, False), tmp_path, monkeypatch)
     assert msg is not None and "length 0" in msg, msg  # uniform weights on the empty row
     accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)

@@ -37,3 +37,27 @@ def test_step_time_samples_returns_every_step_and_validates():
     assert step_times(models, repeats=1, warmup=0)["dot"] > 0
     with pytest.raises(ValueError, match="repeats"):
         step_time_samples(models, repeats=0)
+
+
+def test_general_identity_starts_as_dot_and_its_stored_run_is_what_the_code_trains():
+    """Lesson 02's test of the initialisation guess: "general-identity" is general's model with W = I at step 0 (so
+    its scores equal dot's there), and the stored 3-seed run (results/ch02_general_identity.json) is what
+    run_seeds trains (seed 2 retrained)."""
+    from attncourse.seq2seq import build_model
+
+    config = Seq2SeqConfig(batch_size=32)
+    ident, general = build_model("general-identity", config), build_model("general", config)
+    assert torch.equal(ident.attention.W.weight, torch.eye(config.decoder_size))
+    for (name, a), (_, b) in zip(ident.named_parameters(), general.named_parameters()):
+        if name != "attention.W.weight":
+            assert torch.equal(a, b), name
+    s, h = torch.randn(2, 3, config.decoder_size), torch.randn(2, 5, config.key_size)
+    dot = build_model("dot", config).attention
+    torch.testing.assert_close(ident.attention.score(s, h), dot.score(s, h))
+    with pytest.raises(ValueError, match="decoder_size == key_size"):
+        build_model("general-identity", Seq2SeqConfig(decoder_size=48))
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch02_general_identity.json").read_text())
+    lengths = list(range(config.min_len, config.max_len + 1))
+    assert stored["batch_size"] == 32 and stored["steps"] == config.steps and stored["lengths"] == lengths
+    run = run_seeds(["general-identity"], (2,), config, lengths=lengths, n=200, progress=False)["general-identity"]
+    torch.testing.assert_close(accuracy_rows(run, lengths)[0], torch.tensor(stored["accuracy"][2]), rtol=0, atol=0.005)

@@ -66,6 +66,13 @@ def test_sdpa_numpy_routes(tmp_path, monkeypatch):
         w = e / e.sum(-1, keepdims=True)
         return w @ V, w
 
+    def long_double(Q, K, V):  # no shift: exponentials in long double, whose range covers scores in the thousands
+        e = np.exp((Q @ K.T / np.sqrt(Q.shape[1])).astype(np.longdouble))
+        w = (e / e.sum(-1, keepdims=True)).astype(np.float64)
+        return w @ V, w
+
+    with np.errstate(all="ignore"):
+        refused("03-sdpa-numpy", long_double, tmp_path, monkeypatch, why="huge scores")
     refused("03-sdpa-numpy", aten_math, tmp_path, monkeypatch)
     refused("03-sdpa-numpy", log_softmax, tmp_path, monkeypatch)
     refused("03-sdpa-numpy", unshifted, tmp_path, monkeypatch, why="large scores")
@@ -212,3 +219,43 @@ def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
                            measured=(_shapes_by_running, _shapes_by_meta, _shapes_by_broadcast_helper,
                                      _shapes_by_checker),
                            wrong=(_shapes_queries_lead,))
+
+
+def _backward_cell():
+    """The exercise notebook's cell after 03-masked-attention's check: the backward pass through a masked row."""
+    import nbformat
+
+    from attncourse.classroom.nbtools import ROOT
+
+    cells = nbformat.read(ROOT / "exercises" / "03_scaled_dot_product_attention.ipynb", as_version=4).cells
+    at = next(i for i, c in enumerate(cells) if c.source.startswith('check("03-masked-attention")'))
+    assert ".backward()" in cells[at + 1].source
+    return cells[at + 1].source
+
+
+def test_masked_attention_backward_cell():
+    """The check compares forward values only (the guard hands back no gradients); the notebook's next cell runs the
+    backward pass: an added -inf mask with its NaN weights zeroed afterwards (a NaN-free forward that passes the
+    check) fails it on the fully masked row, and selection plus a max shifted by 0 passes it."""
+    from attncourse import scaled_dot_product_attention
+    from attncourse.classroom.checks import uses
+
+    def additive_then_nan_to_num(q, k, v, keep):  # the cold review's route (float32 at least, as the lesson does)
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        s = (q.to(work) @ k.to(work).mT) / math.sqrt(q.shape[-1]) + torch.where(keep, 0.0, float("-inf")).to(work)
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0).to(v.dtype) @ v
+
+    def selected(q, k, v, keep):
+        s = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+        top = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+        e = (s - top).exp()
+        z = e.sum(-1, keepdim=True)
+        return (e / torch.where(z > 0, z, 1.0)) @ v
+
+    checks.check("03-masked-attention", additive_then_nan_to_num)  # the forward is right: the check cannot tell
+    source = _backward_cell()
+    base = {"torch": torch, "uses": uses, "scaled_dot_product_attention": scaled_dot_product_attention}
+    with pytest.raises(AssertionError, match="gradient of q"):
+        exec(source, dict(base, masked_attention=additive_then_nan_to_num))
+    exec(source, dict(base, masked_attention=selected))

@@ -45,7 +45,7 @@ def test_train_lookup_is_deterministic_and_learns():
     a, b = train_lookup(64, "sqrt", 1, config), train_lookup(64, "sqrt", 1, config)
     torch.testing.assert_close(a["loss"], b["loss"])
     assert a["loss"][-10:].mean() < 0.5 * a["loss"][:10].mean()
-    assert set(a) == {"loss", "saturated", "logit_grad"} and a["loss"].shape == (60,)
+    assert set(a) == {"loss", "saturated", "logit_grad", "max_logit"} and a["loss"].shape == (60,)
 
 
 def test_lookup_batch_targets_are_the_picked_values():
@@ -68,3 +68,20 @@ def test_bad_sizes_are_refused():
         train_lookup(0, "sqrt", 0)
     with pytest.raises((ValueError, TypeError), match="n_keys"):
         score_gradients(8, "sqrt", 0, n_keys=0)
+
+
+def test_train_lookup_qk_norm_and_cap():
+    """QK-norm at step 0 (gains 1): every logit is at most sqrt(d_k) in size (Cauchy-Schwarz on two vectors of norm
+    sqrt(d_k), times 1/sqrt(d_k)); a cap holds every logit below it at every step; a bad cap is refused."""
+    import math
+
+    config = LookupConfig(steps=20, lr=3e-2)
+    normed = train_lookup(16, "sqrt", 0, config, qk_norm=True)
+    assert normed["max_logit"][0] <= math.sqrt(16) + 1e-4
+    capped = train_lookup(16, "none", 0, config, cap=5.0)
+    assert (capped["max_logit"] <= 5.0).all() and capped["max_logit"].max() > 4.0  # unscaled logits hit the cap
+    plain = train_lookup(16, "none", 0, config)
+    assert plain["max_logit"].max() > 5.0
+    for bad in (0, -1.0, True, "5"):
+        with pytest.raises(ValueError, match="cap"):
+            train_lookup(16, "sqrt", 0, config, cap=bad)

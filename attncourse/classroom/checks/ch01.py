@@ -202,10 +202,10 @@ def _shortcut_fused(scores, lengths):
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
                      _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
-                   "over the real positions, wherever the real scores lie (one case puts them near -5000, so a fill "
-                   "that is only large next to scores near 0 fails); a plain softmax is allowed, the masking and the "
-                   "empty row are the skill. A finite fill far below every score (-1e30) followed by zeroing the "
-                   "empty rows is a right answer in float64: it decides the empty row, which is the point",
+                   "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
+                   "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
+                   "allowed, the masking and the empty row are the skill. A finite fill far below every score "
+                   "(-1e30) followed by zeroing the empty rows is a right answer in float64: it decides the empty row, which is the point",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
                "others a score no exponential can lift above zero, wherever the real scores of the row lie. Then ask "
                "what a softmax does to a row in which "
@@ -222,6 +222,8 @@ def _masked_softmax():
         # "very negative" next to scores near 0 (say -30 or -1000) lends the padding weight here
         "the first row's real scores all near -5000 (its padding must still get exactly 0)": (2, 5, [3, 2],
                                                                                              [-5000.0, 0.0]),
+        # -1e9 (the fill chapter 03 calls a silent bug) is only "very negative" next to scores above it
+        "the second row's real scores all near -3e9 (a fill of -1e9 is above them)": (2, 5, [4, 3], [0.0, -3e9]),
     }.items():
         scores = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3 + torch.tensor(shift)[..., None]
         lengths_t = torch.tensor(lengths)
@@ -305,8 +307,8 @@ def _weight_spread(weights: torch.Tensor) -> float:
     return float((weights.amax(0) - weights.amin(0)).mean())
 
 
-def variant_influence_reference(queries, keys, W_q, W_k, v):
-    """The weight spread of N queries against one sequence's T keys, for each score variant of VARIANTS."""
+def variant_weights_reference(queries, keys, W_q, W_k, v):
+    """The (N, T) attention weights of N queries over one sequence's T keys, for each score variant of VARIANTS."""
     q, k = queries @ W_q.T, keys @ W_k.T  # (N, A), (T, A)
     hidden = q[:, None] + k  # (N, 1, A) + (T, A) -> (N, T, A)
     scores = {
@@ -316,13 +318,15 @@ def variant_influence_reference(queries, keys, W_q, W_k, v):
         "separate": (torch.tanh(q) @ v)[:, None] + torch.tanh(k) @ v,  # v^T tanh(W_q s) + v^T tanh(W_k h_j)
         "product": (q[:, None] * k) @ v,  # v^T (W_q s * W_k h_j), elementwise
     }
-    return tuple(_weight_spread(torch.softmax(scores[name], dim=-1)) for name in VARIANTS)  # over the T positions
+    return tuple(torch.softmax(scores[name], dim=-1) for name in VARIANTS)  # over the T positions
 
 
-@exercise("01-query-influence", "variant_influence", points=2, category="experiment",
+@exercise("01-query-influence", "variant_weights", points=2, category="experiment",
+          prop_doc="output equality is the property: the five (N, T) weight tables, one per variant, for drawn "
+                   "queries, keys and projections; no table is fixed by a theorem (the two whose spread is 0 still "
+                   "depend on the keys), so none can be typed, and the spreads are measured from them afterwards",
           hint="build each variant's (N, T) table of scores from the two projections, computed once; a softmax over "
-               "the positions turns each query's row into its weights, and the given spread function measures them. "
-               "Return the five numbers in the order asked")
+               "the positions turns each query's row into its weights. Return the five tables in the order asked")
 def _query_influence():
     """Which score variants let the decoder state change the weights? Measured over seeds and sizes."""
     cases = []
@@ -334,6 +338,6 @@ def _query_influence():
         w_k = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
         v = torch.randn(a, generator=gen, dtype=torch.float64)
         args = (queries, keys, w_q, w_k, v)
-        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; influence of {', '.join(VARIANTS)}"
-        cases.append(Case(name, args, expected=variant_influence_reference(*args), rtol=1e-6, atol=1e-9))
+        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; weights of {', '.join(VARIANTS)}"
+        cases.append(Case(name, args, expected=variant_weights_reference(*args), rtol=1e-6, atol=1e-9))
     return cases

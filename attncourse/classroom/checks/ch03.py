@@ -76,7 +76,9 @@ def _numpy_through_scipy(Q, K, V):
           shortcuts=(_numpy_through_torch, _numpy_through_fused, _numpy_through_aten_math,
                      _numpy_through_log_softmax) + ((_numpy_through_scipy,) if _has_scipy() else ()),
           prop_doc="output equality is the property: the attention computed from the arrays, with no PyTorch "
-                   "operation at all (the guard refuses every one)",
+                   "operation at all (the guard refuses every one); one case puts a row's scores near +20,000 and "
+                   "another's near -20,000, beyond the range of any floating-point type NumPy has (long double "
+                   "included), so only the shift by each row's maximum passes it",
           hint="compare every query with every key, scale so that the scores' spread does not grow with the "
                "width, and turn each query's row into a distribution over the keys; shift each row by its own "
                "largest score before exponentiating, so that nothing overflows")
@@ -89,11 +91,16 @@ def _sdpa_numpy():
         "more keys than queries (3 x 5)": (3, 5, 8, 8),
         "value dim differs from key dim": (4, 6, 8, 3),
         "large scores (d_k = 64, the largest scaled score near 2,000)": (2, 7, 64, 4),
+        "huge scores (one row near +20,000, one near -20,000)": (2, 5, 16, 4),
     }.items():
         q, k, v = _qkv(gen, (tq, d), tk, dv)
         if "large" in name:  # exp overflows float64 from about 709: scaled so that an unshifted softmax does
             factor = (2000 / (q @ k.T / d ** 0.5).abs().max()).sqrt()
             q, k = q * factor, k * factor
+        if "huge" in name:  # beyond long double too (exp overflows it near 11,356 and underflows near -11,400):
+            # only a shift by each row's own maximum survives, whatever precision the exponentials are taken in
+            q[:, 0] = torch.tensor([100.0, -100.0], dtype=q.dtype)
+            k[:, 0] = 800.0 + torch.randn(tk, generator=gen, dtype=k.dtype)  # scores near +-100 * 800 / 4
         out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
         cases.append(Case(name, (q, k, v), expected=(out, w), rtol=1e-6, atol=1e-9))
     return cases
