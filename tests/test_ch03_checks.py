@@ -233,10 +233,10 @@ def _backward_cell():
     return cells[at + 1].source
 
 
-def test_masked_attention_backward_cell():
-    """The check compares forward values only (the guard hands back no gradients); the notebook's next cell runs the
-    backward pass: an added -inf mask with its NaN weights zeroed afterwards (a NaN-free forward that passes the
-    check) fails it on the fully masked row, and selection plus a max shifted by 0 passes it."""
+def test_masked_attention_backward_cell(tmp_path, monkeypatch):
+    """The check runs the backward pass too (a case back-propagates through the answer inside the guard), and so
+    does the notebook's next cell: an added -inf mask with its NaN weights zeroed afterwards (a NaN-free forward)
+    fails both on the fully masked row, by the gradient of q, and selection plus a max shifted by 0 passes both."""
     from attncourse import scaled_dot_product_attention
     from attncourse.classroom.checks import uses
 
@@ -253,7 +253,13 @@ def test_masked_attention_backward_cell():
         z = e.sum(-1, keepdim=True)
         return (e / torch.where(z > 0, z, 1.0)) @ v
 
-    checks.check("03-masked-attention", additive_then_nan_to_num)  # the forward is right: the check cannot tell
+    with pytest.raises(checks.CheckFailed, match="the gradient of q: .* NaN"):  # the forward alone is right
+        checks.check("03-masked-attention", additive_then_nan_to_num)
+    checks.check("03-masked-attention", selected)
+    cell, (status, message) = _verdicts("03-masked-attention", additive_then_nan_to_num, tmp_path, monkeypatch)
+    assert status == "failed" and "the gradient of q" in message and "NaN" in message, (status, message)
+    cell, (status, message) = _verdicts("03-masked-attention", selected, tmp_path, monkeypatch)
+    assert cell is None and status == "passed", (cell, status, message)
     source = _backward_cell()
     base = {"torch": torch, "uses": uses, "scaled_dot_product_attention": scaled_dot_product_attention}
     with pytest.raises(AssertionError, match="gradient of q"):

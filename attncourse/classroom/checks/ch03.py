@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, exercise, forbidden
 from .predictions import whole
 
 # Implement-it-yourself exercises may not call an attention that is already written: PyTorch's fused kernel or
@@ -233,7 +233,9 @@ def _masked_by_one_pass(q, k, v, keep):
           forbid=_FORBID + _SOFTMAX, allow=(), ops=("attention", "softmax", "logsumexp"),
           shortcuts=(_masked_by_oracle, _masked_by_fused, _masked_by_aten, _masked_by_safe_softmax,
                      _masked_by_aten_safe_softmax, _masked_by_log_softmax, _masked_by_one_pass),
-          prop_doc="output equality is the property: exact zeros for blocked keys and fully blocked rows, finite in "
+          prop_doc="output equality is the property, gradients included: exact zeros for blocked keys and fully "
+                   "blocked rows, the gradients of q, k and v of one case finite and equal to PyTorch's (a NaN-free "
+                   "forward whose backward is NaN fails), finite in "
                    "float16, wherever the allowed scores lie (two cases put one head's allowed scores below -1e4 in "
                    "float16 and below -1e9 in float32, so a fill that is only large next to scores near 0 fails); "
                    "the guard refuses every softmax and attention kernel, so the softmax is the learner's",
@@ -275,6 +277,17 @@ def _masked():
                           f"(a fill of {fill} is not below them)", (qf, kf, vf, keep),
                           expected=scaled_dot_product_attention(qf, kf, vf, keep),
                           rtol=2e-3 if dtype == torch.float16 else 1e-5, atol=2e-3 if dtype == torch.float16 else 1e-6))
+    # training runs the backward pass too: a fully masked row must give finite gradients (zeros), not NaN, and
+    # the others PyTorch's. The check hands in q, k, v that require gradients and back-propagates one fixed
+    # upstream gradient through the answer (forbidden.with_gradients), inside the guard.
+    keep = torch.ones(2, 2, 4, 6, dtype=torch.bool)
+    keep[0, 1, 2] = False
+    keep[1, :, 0] = False
+    keep[1, 0, 1, 4:] = False
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    cases.append(Case("the backward pass: gradients of q, k and v with fully masked rows (float64)",
+                      (q, k, v, keep), kwargs={forbidden.BACKWARD: True},
+                      expected=forbidden.with_gradients(scaled_dot_product_attention(qg, kg, vg, keep), [qg, kg, vg])))
     return cases
 
 

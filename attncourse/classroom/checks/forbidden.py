@@ -417,7 +417,7 @@ _PLACES = {}
 _ENTRY = re.compile(r"torch[/\\](_ops|functional|nn[/\\]functional|_tensor)\.py$")
 # The guard's own code that runs inside an answer: the stream's iterator and the two modes' handlers (entered
 # from the answer's frame); anything else of the guard handed in or called by the answer is check code.
-_GUARD_RUNS = ("__iter__", "_gen", "__repr__", "<module>", "__exit__", "__enter__", "__torch_function__",
+_GUARD_RUNS = ("with_gradients", "__iter__", "_gen", "__repr__", "<module>", "__exit__", "__enter__", "__torch_function__",
                "__torch_dispatch__")
 _FOREIGN = tuple(sorted({p for names in PACKAGES.values() for p in names if p != "torch"}))
 
@@ -1089,11 +1089,29 @@ def _entries(items):
     return total
 
 
+BACKWARD = "__attncourse_backward__"  # a case's keyword: the answer's result and the gradients of its inputs
+
+
+def with_gradients(out, leaves):
+    """``(out, *grads)``: the gradients of `leaves` for the upstream gradient N(0, 1) drawn from seed 0 (zeros for
+    an input the output does not depend on). Raise ``ValueError`` when `out` carries no autograd graph."""
+    import torch
+
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise ValueError("the output carries no gradient: compute it from the inputs with PyTorch operations "
+                         "(no .detach(), no torch.no_grad(), no detour outside PyTorch)")
+    with torch.enable_grad():
+        upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        grads = torch.autograd.grad(out, leaves, upstream.to(out.dtype), allow_unused=True)
+    return (out.detach(), *(torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)))
+
+
 def run(answer, args, kwargs, pol, namespace=None):
     """Call ``answer(*args, **kwargs)`` under the guard of policy `pol`: a dict with ``result``, ``error`` (the
     exception it raised, or None), ``used`` (what it reached that is forbidden, with where) and ``trace``."""
     pol = dict(pol or {})
     args, kwargs = list(args), dict(kwargs or {})
+    backward = bool(kwargs.pop(BACKWARD, False))
     guard = Guard(pol, namespace, stop=True)
     if "numpy" in guard.families:  # an answer judged by what it runs in PyTorch: its numbers stay there, bar a few
         entries = _entries(args) + _entries(list(kwargs.values()))  # (indices, counts, a value per block)
@@ -1113,9 +1131,17 @@ def run(answer, args, kwargs, pol, namespace=None):
     import torch
 
     grad = torch.is_grad_enabled()  # an answer stopped inside a `no_grad` block must not leave it on
+    leaves = []
+    if backward:  # the case asks for the gradients too: of the floating inputs, for one fixed upstream gradient
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                args[i] = a.detach().requires_grad_()
+                leaves.append(args[i])
     with guard:
         try:
             result = answer(*args, **kwargs)
+            if backward:  # still watched: a custom backward is the learner's code too
+                result = with_gradients(result, leaves)
         except Refused:
             pass
         except Exception as err:  # a forbidden call decides the verdict, whatever the answer did next

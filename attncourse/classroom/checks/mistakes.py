@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 RETURNS: dict[str, tuple[str, ...]] = {
     "01-find-the-bug": ("context", "weights"),
     "03-sdpa-numpy": ("output", "weights"),
+    "03-masked-attention": ("output", "the gradient of q", "the gradient of k", "the gradient of v"),
     "07-cache-update": ("keys", "values"),
     "08-merge-many": ("running max", "running sum"),
     "08-find-the-bug-1": ("max", "sum", "output"),
