@@ -11,7 +11,9 @@ H2O's heavy hitters and SnapKV's observation-window vote, measured on a model wh
   accumulated over the queries so far. :func:`h2o_keep` applies it once, to the prompt.
 * **SnapKV** (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation", section 4): the last
   `window` queries of the prompt (the observation window) vote with their attention for the earlier keys; the votes
-  are max-pooled along the keys (so a kept key brings its neighbours) and the top ones are kept with the window.
+  are pooled along the keys (so a kept key brings its neighbours) and the top ones are kept with the window. The
+  reference code (FasterDecoding/SnapKV, ``snapkv_utils.py``) defaults to average pooling with kernel 5
+  (``pool="avg", kernel=5`` here); this course's default, max-pooling with kernel 7, is our choice.
 
 :func:`compressed_eval` runs an :class:`~attncourse.heads.AttnOnlyTransformer` on prompts followed by teacher-forced
 continuations, with every layer's prompt keys compressed as a server would compress them once the prefill is done,
@@ -87,19 +89,25 @@ def h2o_keep(weights: torch.Tensor, budget: int, recent: int) -> torch.Tensor:
     return _keep_top(weights.sum(-2), recent, budget)
 
 
-def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7) -> torch.Tensor:
+def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7, *, pool: str = "max") -> torch.Tensor:
     """SnapKV on a prompt: the last `window` queries vote (their attention summed over the window), the votes are
-    max-pooled along the keys with an odd `kernel`, and the `budget - window` best earlier keys are kept with the
+    pooled along the keys with an odd `kernel`, and the `budget - window` best earlier keys are kept with the
     window's own keys.
 
-    weights: (..., T, T) the prompt's causal attention maps. Returns bool (..., T), True = kept."""
+    weights: (..., T, T) the prompt's causal attention maps. budget, window: keys kept per head, and how many of them
+    are the observation window. kernel: odd pooling width. pool: ``"max"`` (this course's default) or ``"avg"``
+    (the reference code's default, with zero padding counted, as ``F.avg_pool1d`` does). Returns bool (..., T),
+    True = kept. Raises ValueError for an even kernel, an unknown pool or a budget below the window."""
     t = _check_maps(weights, budget, window)
     _validate.positive_int("kernel", kernel)
     if kernel % 2 == 0:
         raise ValueError(f"kernel must be odd, got {kernel}")
+    if pool not in ("max", "avg"):
+        raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
     votes = weights[..., t - window:, :].sum(-2)  # (..., T)
     lead = votes.shape[:-1]
-    pooled = F.max_pool1d(votes.reshape(-1, 1, t), kernel, stride=1, padding=kernel // 2).reshape(*lead, t)
+    pooler = F.max_pool1d if pool == "max" else F.avg_pool1d
+    pooled = pooler(votes.reshape(-1, 1, t), kernel, stride=1, padding=kernel // 2).reshape(*lead, t)
     return _keep_top(pooled, window, budget)
 
 

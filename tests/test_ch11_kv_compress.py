@@ -51,6 +51,11 @@ def test_h2o_and_snapkv_equal_brute_force_selections():
     votes = w[..., -3:, :].sum(-2)  # the observation window's votes
     pooled = torch.stack([votes[..., max(0, j - 2):j + 3].amax(-1) for j in range(12)], -1)  # max-pool, kernel 5
     agrees_with_brute_force(snapkv_keep(w, 7, 3, kernel=5), pooled, 3, 7)
+    padded = torch.nn.functional.pad(votes, (2, 2))  # the reference code's avg_pool1d: zero padding counted
+    averaged = torch.stack([padded[..., j:j + 5].sum(-1) / 5 for j in range(12)], -1)
+    agrees_with_brute_force(snapkv_keep(w, 7, 3, kernel=5, pool="avg"), averaged, 3, 7)
+    with pytest.raises(ValueError, match="pool"):
+        snapkv_keep(w, 7, 3, pool="sum")
     assert h2o_keep(w, 12, 2).all()
     with pytest.raises(ValueError):
         snapkv_keep(w, 3, 4)

@@ -245,6 +245,16 @@ def test_cold_review_5_routes(tmp_path, monkeypatch):
     with pytest.raises(checks.CheckFailed):
         checks.check("12-sigmoid", wrong_bias)
 
+    def bottom_right(q, k, v, is_causal=False):  # the causal mask aligned to the last key: refused (Tq != Tk case)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - math.log(k.shape[-2])
+        if is_causal:
+            tq, tk = q.shape[-2], k.shape[-2]
+            s = s.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float("-inf"))
+        return torch.sigmoid(s) @ v
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-sigmoid", bottom_right)
+
 
 def test_sink_logit_exercise(tmp_path, monkeypatch):
     """12-sink-logit: the definition with a shared shift passes; the package's sink attention, PyTorch's kernel over
@@ -291,6 +301,17 @@ def test_sink_logit_exercise(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed, match="NaN or inf"):
         checks.check("12-sink-logit", no_shift)
+
+    def no_shift_float64(q, k, v, sink, is_causal=False):  # the review's route: no shift, upcast to float64
+        s = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+        e = torch.exp(s)
+        out = (e / (e.sum(-1, keepdim=True) + torch.exp(sink.double()).view(1, -1, 1, 1))) @ v.double()
+        return out.to(q.dtype)
+
+    with pytest.raises(checks.CheckFailed, match="NaN or inf"):
+        checks.check("12-sink-logit", no_shift_float64)
 
     def no_sink(q, k, v, sink, is_causal=False):
         s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])

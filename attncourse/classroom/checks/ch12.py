@@ -26,7 +26,8 @@ def _shortcut_sigmoid(q, k, v, is_causal=False):
 @exercise("12-sigmoid", "sigmoid_attn", points=2, category="implement",
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
           allow=(), ops=("attention", "softmax"),
-          prop_doc="sigmoid attention is a closed formula: equal outputs in float64 (causal or not, Tq != Tk) are "
+          prop_doc="sigmoid attention is a closed formula: equal outputs in float64 (causal or not, Tq != Tk, and a causal "
+                   "case with Tq != Tk that tells the top-left mask from the bottom-right one) are "
                    "the skill once the package's sigmoid_attention and the fused kernels are refused",
           shortcuts=(_shortcut_sigmoid,),
           hint="each weight is the sigmoid of its own scaled score plus the bias the lesson derives, with no "
@@ -37,7 +38,8 @@ def _sigmoid():
     gen = torch.Generator().manual_seed(120)
     cases = []
     for lead, tq, tk, d, dv, causal in (((2, 3), 5, 5, 8, 8, False), ((1, 2), 4, 9, 4, 6, False),
-                                        ((2,), 6, 6, 8, 3, True), ((3, 1), 1, 7, 5, 5, False), ((2, 2), 7, 7, 4, 4, True)):
+                                        ((2,), 6, 6, 8, 3, True), ((3, 1), 1, 7, 5, 5, False), ((2, 2), 7, 7, 4, 4, True),
+                                        ((2,), 4, 9, 4, 5, True)):  # Tq != Tk, causal: query i sees keys 0..i
         q, k, v = _qkv(gen, lead, tq, tk, d, dv)
         cases.append(Case(f"q {tuple(q.shape)}, k {tuple(k.shape)}, is_causal={causal}", (q, k, v),
                           {"is_causal": causal}, expected=sigmoid_attention(q, k, v, is_causal=causal),
