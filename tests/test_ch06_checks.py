@@ -125,6 +125,23 @@ def test_rope_pairs(tmp_path, monkeypatch):
         refused("06-rope-pairs", route, tmp_path, monkeypatch)
 
 
+def rope_by_complex_view(x, positions, base):  # the cold review's route: a dtype view and a complex scalar
+    d = x.shape[-1]
+    cdt = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+    ang = positions.to(x.dtype)[:, None] * base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
+    return (x.contiguous().view(cdt) * torch.exp(1j * ang)).view(x.dtype)
+
+
+def _complex_family_guarded():
+    from attncourse.classroom.checks import forbidden
+    return "complex" in forbidden.FAMILIES
+
+
+@pytest.mark.xfail(not _complex_family_guarded(), strict=True, reason="guard family complex lands on main")
+def test_rope_pairs_refuses_complex_dtype_view(tmp_path, monkeypatch):
+    refused("06-rope-pairs", rope_by_complex_view, tmp_path, monkeypatch)
+
+
 def pairs_to_halves_weight(w, n_heads):
     d = w.shape[0] // n_heads
     return w.view(n_heads, d // 2, 2, -1).transpose(1, 2).reshape(w.shape)
