@@ -36,12 +36,11 @@ def _slopes_by_library_rescaled(n_heads, max_bias=8.0):  # the course's slopes r
           shortcuts=(_slopes_by_library_rescaled, _slopes_from_bias),
           prop_doc="output equality is the property: the slopes are a list of numbers, and every course function "
                    "that holds them (the slopes, the bias, the grouped bias) is refused",
-          bug_words=("duplicate", "twice", "same slope as", "share a slope", "consecutive power",
-                     "consecutive exponent", "odd power", "odd exponent", "even power", "even exponent",
-                     "step of 2", "step 2", "2 * k - 1", "2k - 1", "2 * (n_heads - p)", "repeating them",
-                     "repeats a slope", "repeated slope"),
-          hint="print the slopes for 12 heads next to the lesson's rule for 12 heads: which heads should get which "
-               "slopes, and how does max_bias enter each of them? Press et al.'s get_slopes "
+          bug_words=("nearest power", "rounds to", "rounded to", "rounds up", "rounded up", "round up",
+                     "rounding up", "math.floor", "instead of floor", "floor instead", "log2 rounded",
+                     "closest power of two above", "larger power of two"),
+          hint="the engine is right at some head counts and wrong at others: list which of 1..40 heads come out "
+               "right and look for what those counts share. Press et al.'s get_slopes "
                "(ofirpress/attention_with_linear_biases) and MPT's gen_slopes are the references")
 def _slopes():
     """Fix an engine's ALiBi slope function so that it works for every head count and max_bias."""
