@@ -137,8 +137,8 @@ def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
                      "transpose is missing", "mixes tokens", "mixes positions", "heads and tokens",
                      "token axis", "interleaves", "reshape instead", "view instead", "wrong split", "split wrong",
                      "before transposing", "memory order", "row-major"),
-          hint="it agrees with nn.MultiheadAttention for one head and not for several: print which numbers of x @ w.T "
-               "end up in head 0's first row, and which should")
+          hint="it agrees with nn.MultiheadAttention for one head and not for several: print which of the projected "
+               "query's numbers end up in head 0's first row, and which should")
 def _scale_bug():
     """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
