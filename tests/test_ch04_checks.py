@@ -99,10 +99,24 @@ def mha_fixed(x, w_q, w_k, w_v, w_o, n_heads):
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
 
 
-def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
+def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads split by a reshape alone
+    B, T, d = x.shape
+    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
+    return (weights @ v).reshape(B, T, d) @ w_o.T
+
+
+def mha_scaled_by_d(x, w_q, w_k, w_v, w_o, n_heads):  # the earlier colleague: scores scaled by the model width
     q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1]), dim=-1)
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
+
+
+def mha_split_fixed_only_in(x, w_q, w_k, w_v, w_o, n_heads):  # a half fix: heads split right, merged by a reshape
+    B, T, d = x.shape
+    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
+    return (weights @ v).reshape(B, T, d) @ w_o.T
 
 
 def fixed_by_course_module(x, w_q, w_k, w_v, w_o, n_heads):
@@ -132,7 +146,8 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("04-head-scale-bug", mha_fixed)  # the earlier id still grades
     assert checks.get("04-head-scale-bug").id == "04-find-the-bug-1"
     assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
-    refused("04-find-the-bug-1", mha_buggy, tmp_path, monkeypatch, called=False)
+    for wrong in (mha_buggy, mha_scaled_by_d, mha_split_fixed_only_in):
+        refused("04-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
     for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
         refused("04-find-the-bug-1", route, tmp_path, monkeypatch)
 

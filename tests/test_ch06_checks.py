@@ -28,7 +28,15 @@ def slopes_fixed(n_heads, max_bias=8.0):
     return torch.tensor(power_of_two(p) + extra)
 
 
-def slopes_buggy(n_heads, max_bias=8.0):  # the exercise's engine: consecutive powers for the extra heads
+def slopes_buggy(n_heads, max_bias=8.0):  # the exercise's engine: the power of two rounded to the nearest
+    p = 2 ** round(math.log2(n_heads))
+    slopes = [2 ** (-max_bias * k / p) for k in range(1, p + 1)][:n_heads]
+    if p < n_heads:
+        slopes += [2 ** (-max_bias * k / (2 * p)) for k in range(1, 2 * (n_heads - p), 2)]
+    return torch.tensor(slopes)
+
+
+def slopes_consecutive(n_heads, max_bias=8.0):  # the earlier engine's bug: consecutive powers for the extra heads
     p = 2 ** math.floor(math.log2(n_heads))
     slopes = [2 ** (-max_bias * k / p) for k in range(1, p + 1)]
     slopes += [2 ** (-max_bias * k / (2 * p)) for k in range(1, n_heads - p + 1)]
@@ -49,10 +57,12 @@ def slopes_geometric(n_heads, max_bias=8.0):  # 2^(-b h / H) for every H: not Pr
 
 
 def test_slopes_bug(tmp_path, monkeypatch):
+    assert torch.equal(slopes_buggy(10), slopes_fixed(10)) and torch.equal(slopes_buggy(20, 4.0), slopes_fixed(20, 4.0))
+    assert not torch.equal(slopes_buggy(12), slopes_fixed(12))  # right at some head counts, wrong at others
     checks.check("06-find-the-bug-1", slopes_fixed)
     checks.check("06-slopes-bug", slopes_fixed)  # the earlier id still grades
     assert graded("06-find-the-bug-1", slopes_fixed, tmp_path, monkeypatch) == "passed"
-    for wrong in (slopes_buggy, slopes_lesson_rule, slopes_only_power_of_two, slopes_geometric):
+    for wrong in (slopes_buggy, slopes_consecutive, slopes_lesson_rule, slopes_only_power_of_two, slopes_geometric):
         refused("06-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
     for route in (lambda h, b=8.0: alibi_slopes(h) ** (b / 8), lambda h, b=8.0: (-alibi_bias(h, 2)[:, 1, 0]) ** (b / 8),
                   lambda h, b=8.0: (-grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]) ** (b / 8),
@@ -123,6 +133,23 @@ def test_rope_pairs(tmp_path, monkeypatch):
     assert graded("06-rope-pairs", rope_pairs, tmp_path, monkeypatch) == "passed"
     for route in (rope_by_exp_1j, rope_by_halves, ch06._shortcut_rope_complex, ch06._shortcut_rope_pairs):
         refused("06-rope-pairs", route, tmp_path, monkeypatch)
+
+
+def rope_by_complex_view(x, positions, base):  # the cold review's route: a dtype view and a complex scalar
+    d = x.shape[-1]
+    cdt = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+    ang = positions.to(x.dtype)[:, None] * base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
+    return (x.contiguous().view(cdt) * torch.exp(1j * ang)).view(x.dtype)
+
+
+def _complex_family_guarded():
+    from attncourse.classroom.checks import forbidden
+    return "complex" in forbidden.FAMILIES
+
+
+@pytest.mark.xfail(not _complex_family_guarded(), strict=True, reason="guard family complex lands on main")
+def test_rope_pairs_refuses_complex_dtype_view(tmp_path, monkeypatch):
+    refused("06-rope-pairs", rope_by_complex_view, tmp_path, monkeypatch)
 
 
 def pairs_to_halves_weight(w, n_heads):

@@ -131,14 +131,14 @@ def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
 @exercise("04-find-the-bug-1", "mha_fixed", points=2, category="bug", forbid=_FORBID, aliases=("04-head-scale-bug",),
           allow=(), ops=("attention",),
           shortcuts=(_fixed_by_module, _fixed_by_course_class, _fixed_by_aten_math, _fixed_by_torch_module),
-          prop_doc="output equality is the property: the fix is one number in the colleague's own arithmetic, and "
-                   "with PyTorch's attention kernels and the course's module refused it must be found there",
-          bug_words=("sqrt(d_model)", "model width", "whole width", "full width", "head width", "head's width",
-                     "width of a head", "head dimension", "head_dim instead", "instead of d", "instead of the head",
-                     "wrong scale", "scale is wrong", "scaled by the", "scales by the", "sqrt(d) instead",
-                     "d instead of", "too sharp", "too flat", "flatter", "head-scale", "scale bug"),
-          hint="put its attention weights next to those of nn.MultiheadAttention with the same weights, one head "
-               "at a time: which is sharper, and by a factor that depends on what?")
+          prop_doc="output equality is the property: the fix is in the colleague's own arithmetic, and with "
+                   "PyTorch's attention kernels and the course's module refused it must be found there",
+          bug_words=("without transpos", "missing transpos", "no transpose", "forgets to transpose",
+                     "transpose is missing", "mixes tokens", "mixes positions", "heads and tokens",
+                     "token axis", "interleaves", "reshape instead", "view instead", "wrong split", "split wrong",
+                     "before transposing", "memory order", "row-major"),
+          hint="it agrees with nn.MultiheadAttention for one head and not for several: print which of the projected "
+               "query's numbers end up in head 0's first row, and which should")
 def _scale_bug():
     """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
