@@ -142,12 +142,6 @@ def rope_by_complex_view(x, positions, base):  # the cold review's route: a dtyp
     return (x.contiguous().view(cdt) * torch.exp(1j * ang)).view(x.dtype)
 
 
-def _complex_family_guarded():
-    from attncourse.classroom.checks import forbidden
-    return "complex" in forbidden.FAMILIES
-
-
-@pytest.mark.xfail(not _complex_family_guarded(), strict=True, reason="guard family complex lands on main")
 def test_rope_pairs_refuses_complex_dtype_view(tmp_path, monkeypatch):
     refused("06-rope-pairs", rope_by_complex_view, tmp_path, monkeypatch)
 

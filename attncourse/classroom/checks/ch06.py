@@ -9,7 +9,7 @@ import torch
 from attncourse.masks import causal_bottom_right, materialize
 from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, grouped_alibi_bias,
                                   rope_permutation)
-from . import Case, exercise, forbidden
+from . import Case, exercise
 from .predictions import NOT_RIGHT
 
 
@@ -167,15 +167,14 @@ def _shortcut_rope_complex_scalar(x, positions, base):  # complex numbers withou
     return torch.stack([z.real, z.imag], dim=-1).flatten(-2).to(x.dtype)
 
 
-# The guard's family "complex" (any operator on a complex tensor, a dtype view included) is coming on main;
-# until it lands, the exercise names it only where the guard knows it (see test_rope_pairs_refuses_complex_dtype_view).
-_COMPLEX = ("complex",) if "complex" in forbidden.FAMILIES else ()
+# The guard's family "complex": any operator on a complex tensor, number or dtype, a dtype view included
+# (test_rope_pairs_refuses_complex_dtype_view).
 
 
 @exercise("06-rope-pairs", "rope_pairs", points=3, category="implement",
           forbid=("attncourse.positions.apply_rope", "torch.view_as_complex", "torch.polar", "torch.complex"),
           shortcuts=(_shortcut_rope_pairs, _shortcut_rope_complex, _shortcut_rope_complex_scalar), allow=(),
-          ops=("aten::view_as_complex", "aten::view_as_real", "aten::polar", "aten::complex", *_COMPLEX),
+          ops=("complex",),
           prop_doc="output equality with real arithmetic is the property: every way into or out of complex numbers "
                    "(view_as_complex, polar, complex, view_as_real behind .real, a dtype view to a complex dtype, any "
                    "operator on a complex tensor) is refused as an operator",
