@@ -216,7 +216,7 @@ def by_hand_matmul(state, x, n_sink, window):  # the weights by hand, a plain so
     return o.transpose(1, 2).reshape(b, t, d) @ state["o_proj.weight"].T
 
 
-def growing_cache_with_mask(state, x, n_sink, window):  # a KVCache and the mask per step: a decode, accepted
+def growing_cache_with_mask(state, x, n_sink, window):  # a KVCache and the mask per step: memory O(T), refused
     b, t, d = x.shape
     mha = MultiHeadAttention(d, 4)
     mha.load_state_dict(state)
@@ -235,8 +235,45 @@ def test_decode_bug_routes_without_decoding_are_refused(route, tmp_path, monkeyp
     assert ("tokens of each sequence" in msg or "called" in msg) and "position" not in msg.split("hint")[0]
 
 
-def test_decode_bug_other_decodes_pass(tmp_path, monkeypatch):
-    accepted("07-find-the-bug-1", growing_cache_with_mask, tmp_path, monkeypatch)
+def unbounded_cache_buggy_line_kept(state, x, n_sink, window):  # review 6 (b07.py): the bug left in, the cache
+    b, t, d = x.shape                                                # swapped for an unbounded one: len(cache) grows
+    mha = MultiHeadAttention(d, 4)
+    mha.load_state_dict(state)
+    cache = KVCache(b, 4, d // 4, capacity=t)
+    pe = sinusoidal_positions(max(t, 64), d)
+    outs = []
+    with torch.no_grad():
+        for i in range(t):
+            j = torch.arange(i + 1)[None, :]
+            outs.append(mha(x[:, i:i + 1] + pe[len(cache)], attn_mask=(j < n_sink) | (i - j < window), kv_cache=cache))
+    return torch.cat(outs, dim=1)
+
+
+def own_growing_list(state, x, n_sink, window):  # the keys and values in a growing tensor of its own, masked
+    b, t, d = x.shape
+    pe = sinusoidal_positions(t, d)
+    w = {n: state[f"{n}_proj.weight"] for n in "qkvo"}
+    ks = vs = None
+    outs = []
+    for i in range(t):
+        h = x[:, i:i + 1] + pe[i]
+        q, k, v = ((h @ w[n].T).view(b, 1, 4, 4).transpose(1, 2) for n in "qkv")
+        ks = k if ks is None else torch.cat([ks, k], dim=2)
+        vs = v if vs is None else torch.cat([vs, v], dim=2)
+        j = torch.arange(i + 1)
+        s = (q @ ks.transpose(-2, -1) / 2.0).masked_fill(~((j < n_sink) | (i - j < window)), -math.inf)
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        o = (p / p.sum(-1, keepdim=True)) @ vs
+        outs.append(o.transpose(1, 2).reshape(b, 1, d) @ w["o"].T)
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("route", [growing_cache_with_mask, unbounded_cache_buggy_line_kept, own_growing_list])
+def test_decode_bug_unbounded_memory_refused(route, tmp_path, monkeypatch):
+    case = checks.get("07-find-the-bug-1").make_cases()[1]
+    torch.testing.assert_close(route(*case.args), case.expected, rtol=1e-4, atol=1e-5)
+    msg, graded = refused("07-find-the-bug-1", route, tmp_path, monkeypatch)
+    assert "positions per head" in msg and NOT_THE_WAY in graded
 
 
 # ----------------------------------------------------------------------------- 4. eviction

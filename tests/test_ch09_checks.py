@@ -100,6 +100,25 @@ def test_tile_backward_right_and_library_routes(tmp_path, monkeypatch):
         assert "called" in msg, (route.__name__, msg)
 
 
+def engine_backward(q, k, v, out, lse, d_out, scale):  # review 6 (b09b.py): autograd's engine called directly
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        p = (q @ k.transpose(-2, -1) * scale - lse[..., None]).exp()
+        delta = (d_out * out).sum(-1, keepdim=True)
+        loss = (d_out * (p @ v)).sum() - (delta * p.sum(-1, keepdim=True)).sum()
+    return torch.autograd.Variable._execution_engine.run_backward(
+        (loss,), (torch.ones_like(loss),), False, False, (q, k, v), False)
+
+
+@pytest.mark.xfail(strict=True, reason="guard lands on main")
+def test_tile_backward_autograd_engine_refused(tmp_path, monkeypatch):
+    case = checks.get("09-tile-backward").make_cases()[0]
+    for got, want in zip(engine_backward(*case.args), case.expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    msg = refused("09-tile-backward", engine_backward, tmp_path, monkeypatch)[0]
+    assert "called" in msg, msg
+
+
 # ----------------------------------------------------------------------------- 2. find the bug: the window
 
 

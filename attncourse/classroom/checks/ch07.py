@@ -237,6 +237,54 @@ def _one_token_per_step(runs) -> str | None:
     return None
 
 
+_HEADS = 4  # the exercise's MultiHeadAttention(16, 4): head_dim 4
+
+
+def _keys_held(shape, head_dim: int = 16 // _HEADS) -> int:
+    """Keys per head in a (B, H, S, head_dim) tensor, or its transpose (B, H, head_dim, S); 0 for other shapes."""
+    if len(shape) < 4 or shape[-3] != _HEADS:
+        return 0
+    if shape[-1] == head_dim:
+        return shape[-2]
+    if shape[-2] == head_dim:
+        return shape[-1]
+    return 0
+
+
+def _bounded_cache(runs) -> str | None:
+    """The decode's memory stays bounded: no per-head key/value tensor the answer (or the model and cache it calls)
+    touches holds more than n_sink + window positions, however long the stream (seen in the trace)."""
+    for run in runs:
+        state, x, n_sink, window = run.case.args
+        bound = n_sink + window
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            held = max((_keys_held(shape) for _l, _o, shape, _s in tensors), default=0)
+            if held > bound:
+                return (f"case '{run.case.name}': a key/value tensor of {held} positions per head ran through "
+                        f"{name}, where a sink + window cache holds at most n_sink + window = {bound}: the memory "
+                        "of the decode must stay bounded however long the stream is")
+    return None
+
+
+def _decode_props(runs) -> str | None:
+    return _one_token_per_step(runs) or _bounded_cache(runs)
+
+
+def _breaker_unbounded_cache(state, x, n_sink, window):
+    """Keeps every key in an unbounded KVCache and masks with sinks + window: right output, memory O(T). Refused."""
+    b, t, d = x.shape
+    mha = MultiHeadAttention(d, _HEADS)
+    mha.load_state_dict(state)
+    cache = KVCache(b, _HEADS, d // _HEADS, capacity=t)
+    pe = sinusoidal_positions(t, d)
+    outs = []
+    with torch.no_grad():
+        for i in range(t):
+            j = torch.arange(i + 1)[None, :]
+            outs.append(mha(x[:, i:i + 1] + pe[i], attn_mask=(j < n_sink) | (i - j < window), kv_cache=cache))
+    return torch.cat(outs, dim=1)
+
+
 def _breaker_full_forward(state, x, n_sink, window):
     """The full masked forward, no decode and no cache: right output, refused by the property."""
     mha = MultiHeadAttention(16, 4)
@@ -265,9 +313,11 @@ def _breaker_recompute_prefix(state, x, n_sink, window):
 @exercise("07-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("07-decode-bug",),
           allow=("attncourse.mha.MultiHeadAttention", "attncourse.kv_cache.SinkWindowCache",
                  "attncourse.kv_cache.KVCache", "attncourse.positions.sinusoidal_positions"),
-          ops=("attention",), prop=_one_token_per_step, breakers=(_breaker_full_forward, _breaker_recompute_prefix),
+          ops=("attention",), prop=_decode_props,
+          breakers=(_breaker_full_forward, _breaker_recompute_prefix, _breaker_unbounded_cache),
           prop_doc="a decode step is fed one new token per sequence (every matrix product sees B rows, seen in the "
-                   "trace); the cache holds the rest",
+                   "trace); the cache holds the rest, and never more than n_sink + window positions per head (no "
+                   "key/value tensor in the trace is longer), so memory stays bounded however long the stream",
           bug_words=("live keys instead", "keys it holds", "keys held", "keys the cache holds",
                      "number of keys in the cache", "stops counting", "stays at n_sink",
                      "frozen position", "position freezes", "position stops", "same position once",

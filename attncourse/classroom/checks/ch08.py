@@ -7,6 +7,7 @@ float64, never from a copy of the solution.
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import torch
@@ -172,8 +173,12 @@ def _reads_once(runs) -> str | None:
         if run.trace.get("chunks", 0) != expected_chunks:
             return f"case '{run.case.name}': your code took {run.trace.get('chunks', 0)} of the {expected_chunks} chunks"
         ops = run.trace["ops"]
+        rows = max(x.numel() // max(n, 1), 1)
         for name, _launch, _helper, tensors in ops:
-            wide = max((shape[-1] for _l, _o, shape, _s in tensors if len(shape)), default=0)
+            # a reduction's width: its input's last axis, or the entries of a row it holds, whichever is larger (a
+            # whole row hidden behind a trailing unit axis, or in another axis, is still a whole row read at once)
+            wide = max((max(shape[-1], math.prod(shape) // rows) for _l, _o, shape, _s in tensors if len(shape)),
+                       default=0)
             if _REDUCTIONS.match(_op(name).lstrip("_")) and wide > chunk_size:
                 return (f"case '{run.case.name}': your code reduces over {wide} entries of a row at once, "
                         f"more than a chunk ({chunk_size}): it kept the chunks and made another pass over them; "
@@ -231,6 +236,16 @@ def _breaker_rewrite_at_each_chunk(chunks, chunk_size):
     return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, NEG_INF), out - log_sum[..., None])
 
 
+def _breaker_buffer_unit_axis(chunks, chunk_size):
+    """Keep every chunk, then the three-pass log-softmax over the whole row moved to an axis before a trailing unit
+    axis (the last axis is 1 wide): refused by the property, which counts the entries of a row a reduction holds."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1).unsqueeze(-1)  # (..., N, 1)
+    m = x.amax(dim=-2, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref).sum(dim=-2, keepdim=True)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse).squeeze(-1)
+
+
 def _breaker_buffer_two_pass(chunks, chunk_size):
     """Keep every chunk, then a max pass and a sum pass over the kept chunks (each reduction a chunk wide)."""
     kept = [c.clone() for c in chunks]
@@ -250,7 +265,7 @@ def _breaker_buffer_two_pass(chunks, chunk_size):
                   "attncourse.online_softmax.one_pass_softmax", "attncourse.online_softmax.two_pass_softmax",
                   "attncourse.online_softmax.online_softmax_state"),
           shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp), allow=(), ops=("softmax", "logsumexp"),
-          stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_two_pass,
+          stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_unit_axis, _breaker_buffer_two_pass,
                                                                _breaker_rewrite_at_each_chunk),
           prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, a constant amount "
                    "of work per row after the last chunk, and a bounded number of entries read per entry of the input "
