@@ -110,7 +110,6 @@ def engine_backward(q, k, v, out, lse, d_out, scale):  # review 6 (b09b.py): aut
         (loss,), (torch.ones_like(loss),), False, False, (q, k, v), False)
 
 
-@pytest.mark.xfail(strict=True, reason="guard lands on main")
 def test_tile_backward_autograd_engine_refused(tmp_path, monkeypatch):
     case = checks.get("09-tile-backward").make_cases()[0]
     for got, want in zip(engine_backward(*case.args), case.expected):
