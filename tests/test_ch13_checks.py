@@ -3,6 +3,8 @@ the right answers pass."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -357,3 +359,50 @@ def test_memory_recall_beta():
     for bad in (0.0, 1.5, "1"):
         with pytest.raises(ValueError, match="beta"):
             memory_recall("delta", 8, 8, 0, beta=bad)
+
+
+# ----------------------------------------------------------------------------- review 6: the work leaves PyTorch
+
+
+def _plain_python_recurrence(q, k, v, g, beta=None):
+    """The token-by-token recurrence on Python lists (.tolist(), math.exp): no chunk and no tensor operator."""
+    Q, K, V, G = q.tolist(), k.tolist(), v.tolist(), g.tolist()
+    Bt = beta.tolist() if beta is not None else None
+    out = []
+    for b in range(len(Q)):
+        ob = []
+        for h in range(len(Q[b])):
+            dk, dv = len(K[b][h][0]), len(V[b][h][0])
+            S = [[0.0] * dv for _ in range(dk)]  # S[i][j]: key dim i, value dim j
+            oh = []
+            for t in range(len(Q[b][h])):
+                a, kt, vt = math.exp(G[b][h][t]), K[b][h][t], V[b][h][t]
+                S = [[a * S[i][j] for j in range(dv)] for i in range(dk)]
+                if Bt is None:
+                    S = [[S[i][j] + kt[i] * vt[j] for j in range(dv)] for i in range(dk)]
+                else:
+                    err = [vt[j] - sum(S[i][j] * kt[i] for i in range(dk)) for j in range(dv)]
+                    S = [[S[i][j] + Bt[b][h][t] * kt[i] * err[j] for j in range(dv)] for i in range(dk)]
+                oh.append([sum(Q[b][h][t][i] * S[i][j] for i in range(dk)) for j in range(dv)])
+            ob.append(oh)
+        out.append(ob)
+    return torch.tensor(out, dtype=q.dtype)
+
+
+def test_chunked_decay_in_plain_python_refused(tmp_path, monkeypatch):
+    """Review 6: the recurrence token by token on .tolist() lists passed 3/3; the property now asks for matrix
+    products over chunk-sized blocks that take in at least q, k and v."""
+    def plain(q, k, v, g, chunk_size):
+        return _plain_python_recurrence(q, k, v, g)
+
+    msg, graded = refused("13-chunked-decay", plain, tmp_path, monkeypatch)
+    assert "matrix products over chunk-sized blocks" in msg and "matrix products over chunk-sized" in graded, msg
+
+
+def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
+    """Review 6: the gated delta recurrence in plain Python, no chunk and no fix of the given code, passed 2/2."""
+    def plain(q, k, v, g, beta, chunk_size):
+        return _plain_python_recurrence(q, k, v, g, beta)
+
+    msg, graded = refused("13-find-the-bug-1", plain, tmp_path, monkeypatch)
+    assert "matrix products over chunk-sized blocks" in msg and "matrix products over chunk-sized" in graded, msg

@@ -446,3 +446,52 @@ def test_recall_every_query_behind_an_inserted_dim_refused(tmp_path, monkeypatch
 
     msg, graded = refused("14-selection-recall", inserted_dim, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+
+
+def test_gate_every_score_one_query_row_at_a_time_refused(tmp_path, monkeypatch):
+    """Review 6: each query against every key, one row at a time, then block means. No tensor is T x T, but the
+    work is: the bound on the total entries taken in refuses it."""
+    def row_scores(query, key, block_size, top_k):
+        b, h, t = query.shape[:3]
+        nb = -(-t // block_size)
+        kr = key.repeat_interleave(h // key.shape[1], dim=1)
+        rows = []
+        for i in range(t):
+            s = (kr * query[:, :, i:i + 1, :]).sum(-1)
+            rows.append(torch.stack([s[..., j * block_size:(j + 1) * block_size].mean(-1) for j in range(nb)], -1))
+        gate = torch.stack(rows, 2)
+        own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
+        rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+        return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+
+    msg, graded = refused("14-moba-gate", row_scores, tmp_path, monkeypatch)
+    assert "entries in all" in msg and "entries in all" in graded, msg
+
+
+def test_bug_dense_in_plain_python_refused(tmp_path, monkeypatch):
+    """Review 6: dense masked attention on .tolist() lists (every key scored for every query, one softmax, no block
+    loop) passed 2/2; the property now asks that the products take in at least the entries of q, k and v."""
+    def plain(q, k, v, block_size, top_k):
+        h, t, d = q.shape
+        Q, K, V = q.tolist(), k.tolist(), v.tolist()
+        nb = -(-t // block_size)
+        out = []
+        for hh in range(h):
+            means = [[sum(K[hh][s][c] for s in range(b * block_size, min((b + 1) * block_size, t)))
+                      / (min((b + 1) * block_size, t) - b * block_size) for c in range(d)] for b in range(nb)]
+            rows = []
+            for i in range(t):
+                own = i // block_size
+                best = sorted(range(own), key=lambda b: -sum(Q[hh][i][c] * means[b][c] for c in range(d)))
+                chosen = set(best[:top_k - 1]) | {own}
+                sc = [sum(Q[hh][i][c] * K[hh][s][c] for c in range(d)) / math.sqrt(d)
+                      if s // block_size in chosen and s <= i else -math.inf for s in range(t)]
+                m = max(sc)
+                w = [math.exp(x - m) for x in sc]
+                z = sum(w)
+                rows.append([sum(w[s] * V[hh][s][j] for s in range(t)) / z for j in range(len(V[hh][0]))])
+            out.append(rows)
+        return torch.tensor(out, dtype=q.dtype)
+
+    msg, graded = refused("14-find-the-bug-1", plain, tmp_path, monkeypatch)
+    assert "multiplied only" in msg and "multiplied only" in graded, msg

@@ -6,12 +6,17 @@ Expected values come from the package (:mod:`attncourse.linear_attention`, :mod:
 
 from __future__ import annotations
 
+import math
+import re
+
 import torch
 import torch.nn.functional as F
 
 from attncourse import linear_attention as la
 from attncourse.recall import memory_recall
 from . import Case, exercise
+
+_MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|matmul|mv|addbmm|einsum)$")  # matrix products, as the trace names them
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
@@ -56,7 +61,8 @@ def _chunk_by_chunk(runs) -> str | None:
     """Only the state crosses a chunk boundary: no tensor relates more than a chunk of positions to a chunk or
     more of others (no (T, T) scores, no chunk of queries against all earlier keys, in any layout), the elements
     the operators take in grow linearly with T at a fixed chunk size, and the work does not grow with the tokens
-    per chunk (no loop over tokens)."""
+    per chunk (no loop over tokens); and the work is done as matrix products over chunk-sized blocks (one chunk at a
+    time or all chunks batched) that take in at least the entries of q, k and v (not token by token, not outside PyTorch)."""
     for run in runs:
         T, chunk, n = _chunks(run)
         for name, _launch, _helper, tensors in (run.trace or {}).get("ops", []):
@@ -90,6 +96,18 @@ def _chunk_by_chunk(runs) -> str | None:
             return (f"your code runs {w_many} PyTorch operations for {t_many} tokens and {w_few} for {t_few}, in "
                     f"{n} chunks both times: the work grows with the tokens, so it steps through them one at a "
                     "time; treat each chunk as a whole")
+    for run in runs:
+        T, chunk, n = _chunks(run)
+        q, k, v = run.case.args[:3]
+        products = [tensors for name, _l, _h, tensors in (run.trace or {}).get("ops", [])
+                    if _MATMUL.match(name.split("::")[-1].split(".")[0]) and len(tensors) >= 2]
+        chunked = [ts for ts in products if any(min(chunk, T) in shape[-2:] for _a, _o, shape, _s in ts)]
+        taken = sum(math.prod(int(x) for x in shape) for ts in chunked for _a, _o, shape, _s in ts)
+        if not chunked or taken < q.numel() + k.numel() + v.numel():
+            return (f"case '{run.case.name}': your code ran {len(chunked)} matrix products over chunk-sized blocks "
+                    f"(taking in {taken} entries) for {n} chunks of {chunk} tokens and {q.numel() + k.numel() + v.numel()} "
+                    "entries of q, k and v: the chunked form does its work as matrix products over whole chunks "
+                    "of queries, keys and values (with torch, not in plain Python)")
     return None
 
 

@@ -25,11 +25,14 @@ from .ch09 import _NO_READ, _rows
 TILES_QUESTION = dict(seq_len=4096, block_size=64, top_k=8)  # the configuration the prediction asks about
 _MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|matmul|mv|dot|vdot|addbmm|_efficient_attention_forward)$")
 _REDUCE = re.compile(r"^(sum|mean|cumsum)$")
+_GATE_PASSES = 48  # passes over the gate's own tensors an honest answer may make (the solutions make under 20)
 
 
 def _op(name: str) -> str:
     return name.split("::")[-1].split(".")[0]
 
+
+from .ch14_breakers import _breaker_dense, _breaker_row_scores, _breaker_token_scores  # noqa: E402
 
 # ----------------------------------------------------------------------------- 1. implement MoBA's gate
 
@@ -54,6 +57,17 @@ def _no_token_scores(runs) -> str | None:
             if _MATMUL.match(_op(name)) and len(tensors) >= 2 and all(t in shape for _l, _o, shape, _s in tensors[-2:]):
                 return (f"case '{run.case.name}': a matrix product ({_op(name)}) multiplied two operands that both run "
                         f"over the {t} tokens: that is the T x T score matrix the gate exists to avoid")
+        # the total work, whatever the shapes: pooling reads B*Hkv*T*D, scoring B*H*(T + nB)*D and the selection
+        # B*H*T*nB entries, so a bounded number of passes over those; one query (or a few) at a time against every
+        # key reads B*H*T*T*D entries in all, which no tensor's shape shows
+        bound = _GATE_PASSES * b * h * t * (d + nb) + 4096
+        total = sum(math.prod(int(x) for x in shape) for _n, _l, _h, tensors in run.trace["ops"]
+                    for _label, _off, shape, _stride in tensors)
+        if total > bound:
+            return (f"case '{run.case.name}': your code's operators took in {total} tensor entries in all, more than "
+                    f"{bound} ({_GATE_PASSES} passes over the queries, the block summaries and the (T, nB) gate): "
+                    "that is work that grows as T x T, as if every key were scored for every query, a few queries at "
+                    "a time; the gate scores blocks, one summary per block, never single keys")
     return None
 
 
@@ -64,17 +78,6 @@ def _select_blocks(gate: torch.Tensor, block_size: int, top_k: int) -> torch.Ten
     past = torch.arange(nb)[None, :] < own[:, None]  # (T, nB)
     rank = gate.masked_fill(~past, -math.inf).argsort(-1, descending=True).argsort(-1)  # 0 = best earlier block
     return (rank < top_k - 1) & past | (torch.arange(nb)[None, :] == own[:, None])
-
-
-def _breaker_token_scores(query, key, block_size, top_k):
-    """Every query-key score, then averaged per block: the same gate values, T x T work (refused by the property)."""
-    b, h, t = query.shape[:3]
-    nb = -(-t // block_size)
-    s = query @ key.repeat_interleave(h // key.shape[1], dim=1).transpose(-2, -1)  # (B, H, T, T)
-    gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)  # (B, H, T, nB)
-    own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
-    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
-    return (rank < top_k - 1) & (blocks < own) | (blocks == own)
 
 
 def _shortcut_package(query, key, block_size, top_k):
@@ -91,9 +94,10 @@ def _shortcut_pool(query, key, block_size, top_k):
           forbid=("attncourse.learned_sparse.moba_gate", "attncourse.learned_sparse.mean_pool_blocks",
                   "torch.nn.functional.scaled_dot_product_attention", "torch.softmax"),
           allow=(), ops=("attention", "softmax", "logsumexp"), prop=_no_token_scores,
-          breakers=(_breaker_token_scores,), shortcuts=(_shortcut_package, _shortcut_pool),
+          breakers=(_breaker_token_scores, _breaker_row_scores), shortcuts=(_shortcut_package, _shortcut_pool),
           prop_doc="the gate never forms a T x T score grid: no operator receives one, no matrix product runs over "
-                   "the tokens on both sides (from the trace)",
+                   "the tokens on both sides, and the entries its operators take in stay within a bounded number of "
+                   "passes over the queries, the block summaries and the (T, nB) gate (from the trace)",
           title="MoBA's block gate: choose each query's key blocks from one summary per block",
           hint="summarise each block of keys by one vector first (T need not be a multiple of block_size), score "
                "every query against the summaries of its own KV head, and choose only among the blocks that lie "
@@ -125,7 +129,8 @@ def _budgeted_reads(runs) -> str | None:
     the selected blocks hold, and, whatever the tensors are called (copies of K and V included), the tensor entries
     all operators take in stay within a few times what one pass over the selected blocks needs: per head, the
     selected keys' and values' entries, the same again per (query, block) visit for the running state, and the gate
-    over all queries once."""
+    over all queries once. The scores and the weighted values are tensor products (matrix or elementwise) taking in at
+    least the entries of q, k and v, so the work cannot leave PyTorch for plain Python."""
     for run in runs:
         q, k, v, block, top_k = run.case.args
         h, t, d = q.shape
@@ -140,7 +145,7 @@ def _budgeted_reads(runs) -> str | None:
         budget *= h
         read = {"arg1": 0, "arg2": 0}
         span = top_k * block  # the most keys one query's selection holds
-        entries = 0
+        entries = products = 0
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op(name)
             for _label, _off, shape, _stride in tensors:
@@ -151,6 +156,8 @@ def _budgeted_reads(runs) -> str | None:
                             "dense attention; the loop scores each query against its selected blocks only")
             if _NO_READ.match(op):
                 continue
+            if _MATMUL.match(op) or op == "mul":
+                products += sum(math.prod(int(x) for x in shape) for _l, _o, shape, _s in tensors)
             entries += sum(math.prod(int(x) for x in shape) for _l, _o, shape, _s in tensors)
             for label, off, shape, stride in tensors:
                 if label not in read:
@@ -164,6 +171,12 @@ def _budgeted_reads(runs) -> str | None:
                             f"{'key' if label == 'arg1' else 'value'} rows at once; the loop reads one block of at "
                             f"most {block} rows at a time")
                 read[label] += e - a
+        need = q.numel() + k.numel() + v.numel()
+        if products < need:
+            return (f"case '{run.case.name}': your operators multiplied only {products} tensor entries ({need} in q, "
+                    "k and v): the loop scores every query against its selected blocks and weights their values with "
+                    "tensor products (q against a block of keys, the weights against a block of values), not in "
+                    "plain Python")
         for label, what in (("arg1", "key"), ("arg2", "value")):
             if read[label] > budget:
                 return (f"case '{run.case.name}': your loop read {read[label]} {what} rows, more than the "
@@ -177,21 +190,6 @@ def _budgeted_reads(runs) -> str | None:
                     "key, not the selection (copies of the keys and values count too); visit each query's selected "
                     "blocks only, and compute the gate once for all queries")
     return None
-
-
-def _breaker_dense(q, k, v, block, top_k):
-    """Dense attention under the selection's token mask: right output, every key read at once."""
-    h, t, d = q.shape
-    nb = -(-t // block)
-    gate = q @ torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1).transpose(-2, -1)
-    own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
-    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)  # (H, T, nB)
-    sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
-    allowed = sel.repeat_interleave(block, dim=-1)[..., :t] & torch.ones(t, t, dtype=torch.bool).tril()
-    s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, -math.inf)  # (H, T, T)
-    m0 = q.new_full((h, t), -math.inf)
-    state = online_attention_update(AttentionState(m0, torch.zeros_like(m0), q.new_zeros(h, t, v.shape[-1])), s, v)
-    return finalize_attention_state(state)[0]
 
 
 def _breaker_every_block(q, k, v, block, top_k):
@@ -235,7 +233,8 @@ def _block_loop_reference(q, k, v, block, top_k):
                  "attncourse.online_softmax.AttentionState"),
           ops=("attention", "softmax", "logsumexp"), prop=_budgeted_reads,
           breakers=(_breaker_dense, _breaker_every_block),
-          prop_doc="keys and values are read block by block, never more rows than the selected blocks hold, and the "
+          prop_doc="keys and values are read block by block, never more rows than the selected blocks hold, the "
+                   "products (matrix or elementwise) take in at least the entries of q, k and v, and the "
                    "tensor entries all operators take in (copies of K and V included) stay within 4 times one pass "
                    "over the selected blocks plus the gate (from the trace, on the two cases of 128 tokens in blocks "
                    "of 4, where the earlier keys of all queries outnumber their selections 10 and 26 times)",
