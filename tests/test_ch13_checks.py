@@ -391,12 +391,13 @@ def _plain_python_recurrence(q, k, v, g, beta=None):
 
 def test_chunked_decay_in_plain_python_refused(tmp_path, monkeypatch):
     """Review 6: the recurrence token by token on .tolist() lists passed 3/3; the property now asks for matrix
-    products over chunk-sized blocks that take in at least q, k and v."""
+    products over chunk-sized blocks that take in at least q, k and v, and the guard refuses reading the inputs out
+    into plain Python (whichever sees it first)."""
     def plain(q, k, v, g, chunk_size):
         return _plain_python_recurrence(q, k, v, g)
 
     msg, graded = refused("13-chunked-decay", plain, tmp_path, monkeypatch)
-    assert "matrix products over chunk-sized blocks" in msg and "matrix products over chunk-sized" in graded, msg
+    assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg
 
 
 def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
@@ -405,4 +406,4 @@ def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
         return _plain_python_recurrence(q, k, v, g, beta)
 
     msg, graded = refused("13-find-the-bug-1", plain, tmp_path, monkeypatch)
-    assert "matrix products over chunk-sized blocks" in msg and "matrix products over chunk-sized" in graded, msg
+    assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg

@@ -494,4 +494,5 @@ def test_bug_dense_in_plain_python_refused(tmp_path, monkeypatch):
         return torch.tensor(out, dtype=q.dtype)
 
     msg, graded = refused("14-find-the-bug-1", plain, tmp_path, monkeypatch)
-    assert "multiplied only" in msg and "multiplied only" in graded, msg
+    assert all(("multiplied only" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg  # the
+    # property or the guard's budget on numbers read out into plain Python, whichever sees it first

@@ -115,7 +115,7 @@ def _fixed_by_course_class(x, w_q, w_k, w_v, w_o, n_heads):
 
 
 def _fixed_by_aten_math(x, w_q, w_k, w_v, w_o, n_heads):  # the reference attention under its ATen name
-    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
+    q, k, v = [(x @ w.mT).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v)]
     heads = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
     return heads.transpose(1, 2).flatten(2) @ w_o.T
 

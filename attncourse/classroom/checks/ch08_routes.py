@@ -1,0 +1,103 @@
+"""Chapter 08's shortcuts and breakers (answers built on forbidden functions, right outputs computed the
+wrong way), kept apart from the exercises in ch08.py so that each module stays readable."""
+
+from __future__ import annotations
+import functools
+import math
+import re
+import torch
+from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, merge_attention_states,
+                                       merge_softmax_states, online_softmax_trace, softmax_state)
+from . import Case, exercise
+
+NEG_INF = float("-inf")
+
+
+def _shortcut_merge_fold(m_all, l_all):
+    """A left fold of the package's pairwise merge: must be refused."""
+    states = [SoftmaxState(m, l) for m, l in zip(m_all, l_all)]
+    return tuple(functools.reduce(merge_softmax_states, states))
+
+
+def _shortcut_merge_lse(m_all, l_all):
+    """Through torch.logsumexp of the per-chunk log-sum-exps: must be refused."""
+    m = torch.amax(m_all, 0)
+    ref = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    lse = torch.logsumexp(m_all - ref + torch.log(l_all), dim=0)  # relative to the merged max: no cancellation
+    return m, torch.exp(lse)
+
+
+def _breaker_merge_pairwise(m_all, l_all):
+    """A left fold of a hand-written pairwise merge: right, but one state at a time (refused by the property)."""
+    m, l = m_all[0], l_all[0]
+    for m_b, l_b in zip(m_all[1:], l_all[1:]):
+        new = torch.maximum(m, m_b)
+        ref = new.masked_fill(torch.isneginf(new), 0.0)
+        l = l * torch.exp(m - ref) + l_b * torch.exp(m_b - ref)
+        m = new
+    return m, l
+
+
+def _shortcut_log_softmax(chunks, chunk_size):
+    """PyTorch's log_softmax of the chunks put back together, fully masked rows mended: must be refused."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    return torch.where(torch.isneginf(x).all(dim=-1, keepdim=True), torch.full_like(x, NEG_INF), x.log_softmax(-1))
+
+
+def _shortcut_logsumexp(chunks, chunk_size):
+    """x minus torch.logsumexp of the row: must be refused."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+def _breaker_buffer_three_pass(chunks, chunk_size):
+    """Keep every chunk, then the three-pass log-softmax over the whole row: refused by the property."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1)
+    m = x.amax(dim=-1, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref).sum(dim=-1, keepdim=True)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse)
+
+
+def _breaker_rewrite_at_each_chunk(chunks, chunk_size):
+    """One pass, but everything written so far is shifted again (a new tensor) whenever a chunk arrives: about
+    N^2 / C entries moved, where the correction could wait until the end. Refused by the property."""
+    out = top = total = None
+    for piece in chunks:
+        if out is None:
+            out = piece.new_empty(*piece.shape[:-1], 0)
+            top = piece.new_full(piece.shape[:-1], NEG_INF)
+            total = piece.new_zeros(piece.shape[:-1])
+        top_now = torch.maximum(top, piece.amax(dim=-1))
+        ref = top_now.masked_fill(torch.isneginf(top_now), 0.0)
+        old = top.masked_fill(torch.isneginf(top), 0.0)
+        out = torch.cat([out - (ref - old)[..., None], piece - ref[..., None]], dim=-1)
+        total = total * torch.exp(top - ref) + torch.exp(piece - ref[..., None]).sum(dim=-1)
+        top = top_now
+    log_sum = torch.log(total)
+    return torch.where(torch.isneginf(log_sum)[..., None], torch.full_like(out, NEG_INF), out - log_sum[..., None])
+
+
+def _breaker_buffer_unit_axis(chunks, chunk_size):
+    """Keep every chunk, then the three-pass log-softmax over the whole row moved to an axis before a trailing unit
+    axis (the last axis is 1 wide): refused by the property, which counts the entries of a row a reduction holds."""
+    x = torch.cat([c.clone() for c in chunks], dim=-1).unsqueeze(-1)  # (..., N, 1)
+    m = x.amax(dim=-2, keepdim=True)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    lse = torch.log(torch.exp(x - ref).sum(dim=-2, keepdim=True)) + ref
+    return torch.where(torch.isneginf(lse), torch.full_like(x, NEG_INF), x - lse).squeeze(-1)
+
+
+def _breaker_buffer_two_pass(chunks, chunk_size):
+    """Keep every chunk, then a max pass and a sum pass over the kept chunks (each reduction a chunk wide)."""
+    kept = [c.clone() for c in chunks]
+    m = kept[0].amax(dim=-1)
+    for c in kept[1:]:
+        m = torch.maximum(m, c.amax(dim=-1))
+    ref = m.masked_fill(torch.isneginf(m), 0.0)
+    total = torch.zeros_like(m)
+    for c in kept:
+        total = total + torch.exp(c - ref[..., None]).sum(dim=-1)
+    lse = (torch.log(total) + ref)[..., None]
+    return torch.cat([torch.where(torch.isneginf(lse), torch.full_like(c, NEG_INF), c - lse) for c in kept], dim=-1)
