@@ -158,6 +158,10 @@ def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path):
             "def masked_attention(q, k, v, keep):\n"
             "    while True:\n        try:\n            while True:\n                pass\n"
             "        except KeyboardInterrupt:\n            pass\n")
+        # the notebook's own demo cell after the check calls the answer too: a kernel stopped while the notebook
+        # runs (before grading) loses every grade, so this test keeps the stubborn call to the grader's own cases
+        nb.cells[:] = [c for c in nb.cells if not (c.cell_type == "code" and "masked_attention," in c.source
+                                                   and not c.metadata.get("nbgrader", {}).get("grade_id"))]
 
     result = grade.grade_notebook(submission(tmp_path, "03_stubborn.ipynb", edit), cell_timeout=10)
     st = statuses(result)
