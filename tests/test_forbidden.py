@@ -490,7 +490,13 @@ def test_the_numbers_stay_in_pytorch_bar_a_few(exercise, verdicts):
 
     cell, (status, message) = verdicts(ex, by_bits)
     assert cell is not None and "reinterpreted as integers" in cell and status == "failed", (cell, message)
-    for answer in (by_list, by_item, by_storage):
+    class Plain(torch.Tensor):
+        pass
+
+    def by_subclass_list(x):  # the same read-out through a tensor subclass
+        return torch.tensor([[2 * v for v in row] for row in x.as_subclass(Plain).tolist()])
+
+    for answer in (by_list, by_item, by_storage, by_subclass_list):
         cell, (status, message) = verdicts(ex, answer)
         assert cell is not None and "numbers read out of tensors" in cell and status == "failed", (answer.__name__, cell, message)
         assert "numbers read out of tensors" in message

@@ -786,7 +786,7 @@ class Guard:
             import torch
 
             t = args[0]
-            if (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and (t.is_floating_point() or t.is_complex()):
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):  # a subclass too (watched)
                 self._read_out(t.numel(), "Tensor.tolist", sys._getframe(2))
         try:
             dotted = self.builtins.get(func)
@@ -952,8 +952,8 @@ def _mode_classes():
 
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 hook = sys.getprofile()
-                if _plain_function(func):  # the guard's bookkeeping runs unprofiled (a 4x faster check) where no
-                    sys.setprofile(None)  # learner code can run inside it: a function of C or of plain Python
+                if _plain_function(func) and _plain_args(args):  # the guard's bookkeeping runs unprofiled (about
+                    sys.setprofile(None)  # 2x faster) where no learner code can run in it: C or plain functions
                 try:
                     self.guard._on_function(func, args)  # no stop here: this level also sees state switches such as
                 finally:  # no_grad's __exit__, which must run
