@@ -28,9 +28,11 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
 
     `chapter` ("03") overrides the chapter found in the notebook's metadata, cells or file name. `salt` mixes
     the seeds of the registry's cases (:mod:`..checks.salting`): by default a fresh secret one per notebook, so
-    no table of the check cells' expected values answers the grader; give one to reproduce a grade."""
-    from nbclient.exceptions import DeadKernelError
+    no table of the check cells' expected values answers the grader; give one to reproduce a grade.
 
+    A cell that stops the kernel (ignores the interrupt at its time limit, or kills it) costs only itself: the
+    notebook runs again in a fresh kernel without it. An answer that stops the kernel while it is graded gets
+    that verdict, and the exercises not yet graded are graded in a fresh kernel (at most MAX_RESTARTS times)."""
     start = time.perf_counter()
     path = Path(path)
     nb, problem = None, ""
@@ -63,18 +65,81 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
         return all_as("missing", "the notebook has no code")
     hidden = hidden_tests(chapter, Path(solutions) if solutions is not None else None)
 
+    salt = secrets.randbits(62) if salt is None else salt
+    deadline = time.monotonic() + timeout
+    notes: list[str] = []
+    stopped: list[tuple[int, str]] = []  # (index, why) of cells interrupted, and where the time limit struck
+    skip: dict[int, str] = {}  # cells that stopped the kernel: the notebook is run again without them
+    graded: dict[str, ExerciseResult] = {}
+    printed = 0
+    for attempt in range(MAX_RESTARTS + 1):
+        failure = _run_and_grade(nb, exercises, hidden, cell_timeout, timeout, deadline, salt, skip, graded, notes,
+                                 stopped)
+        printed = max(printed, failure.printed)
+        if failure.kind is None:
+            break
+        again = attempt < MAX_RESTARTS and time.monotonic() < deadline and (
+            failure.index is not None or failure.exercise is not None)
+        if failure.index is not None:  # a cell of the notebook stopped the kernel: run it again without that cell
+            why = ("ignored an interrupt and was stopped" if failure.kind == "stuck" else "stopped the kernel (it died)")
+            skip[failure.index] = why
+            stopped.append((failure.index, why))
+            notes.append(f"{cell_name(failure.index, nb)} {why}" + (
+                "; the notebook was run again in a fresh kernel without it" if again else ""))
+        elif failure.exercise is not None:  # the exercise being graded stopped the kernel: it gets the verdict, the others a fresh kernel
+            why = ("the kernel ignored an interrupt and was stopped" if failure.kind == "stuck"
+                   else "the kernel died")
+            ex = failure.exercise
+            graded[ex.id] = ExerciseResult(ex.id, 0.0, ex.points, "timeout" if failure.kind == "stuck" else "error",
+                                           why + " while this answer ran")
+            notes.append(f"{why} while {ex.id} was graded" + (
+                "; the other exercises were graded in a fresh kernel" if again and len(graded) < len(exercises) else ""))
+        if not again:
+            why = ("the kernel ignored an interrupt and was stopped" if failure.kind == "stuck" else "the kernel died")
+            if failure.index is None and failure.exercise is None:
+                notes.append(why)
+            else:
+                why += f" ({MAX_RESTARTS} fresh kernels, or the notebook's time limit, used up)"
+            for ex in exercises:
+                graded.setdefault(ex.id, ExerciseResult(ex.id, 0.0, ex.points, "timeout" if failure.kind == "stuck"
+                                                        else "error", why))
+            break
+    result.exercises = [graded[ex.id] for ex in exercises if ex.id in graded]
+    if printed > LOUD_BYTES:
+        notes.append(f"the notebook printed {printed / 1e6:.1f} MB of output (discarded)")
+    result.exercises = [explain_missing(e, nb, stopped) for e in result.exercises]
+    result.score = float(sum(e.points for e in result.exercises))
+    result.message = "; ".join(dict.fromkeys(notes))  # a rerun notebook repeats its notes: said once
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+MAX_RESTARTS = 3  # fresh kernels after a cell or an answer stopped one (each reruns the notebook)
+
+
+class _Failure:
+    """How one kernel's run ended: kind None (every exercise graded), "stuck" or "dead", with the notebook cell
+    (index) or the exercise being graded at the time; and the bytes the notebook printed."""
+
+    def __init__(self, kind=None, index=None, exercise=None, printed=0):
+        self.kind, self.index, self.exercise, self.printed = kind, index, exercise, printed
+
+
+def _run_and_grade(nb, exercises, hidden, cell_timeout, timeout, deadline, salt, skip, graded, notes,
+                   stopped) -> _Failure:
+    """One kernel: the notebook's cells (check cells and `skip` excepted), then every exercise not yet in `graded`
+    (filled in place), noting interrupted cells in `notes` and `stopped`."""
+    from nbclient.exceptions import DeadKernelError
+
     with tempfile.TemporaryDirectory(prefix="attncourse-grade-") as tmp:
         km = kernel_manager()
         client = make_client(nb, cell_timeout, km, tmp)
-        notes = []
-        stopped: list[tuple[int, str]] = []  # (index, why) of cells interrupted, and where the time limit struck
-        with running(client, km):
-            deadline = time.monotonic() + timeout
-            session = Session(client, Path(tmp), cell_timeout, deadline,
-                              secrets.randbits(62) if salt is None else salt)
-            try:
+        index, ex = None, None
+        try:
+            with running(client, km):
+                session = Session(client, Path(tmp), cell_timeout, deadline, salt)
                 for index, cell in enumerate(nb.cells):
-                    if cell.cell_type != "code" or is_check_cell(cell):
+                    if cell.cell_type != "code" or is_check_cell(cell) or index in skip:
                         continue  # the grader runs its own checks, not the submission's check cells
                     if time.monotonic() > deadline:
                         notes.append(f"notebook time limit ({timeout:g} s) reached at {cell_name(index, nb)}; "
@@ -83,29 +148,22 @@ def grade_notebook(path: Path, cell_timeout: float = 60, timeout: float = 600, *
                         break
                     limit = session.limit()
                     if not execute(client, cell, index, limit):
-                        graded = str(cell.metadata.get("nbgrader", {}).get("grade_id", "")).endswith("-answer")
+                        graded_cell = str(cell.metadata.get("nbgrader", {}).get("grade_id", "")).endswith("-answer")
                         notes.append(f"{cell_name(index, nb)} ran over {limit:g} s and was interrupted" + (
-                            "" if graded else " (it holds no graded answer: the exercises were graded without it; "
-                            "on a slow or busy machine, a longer --cell-timeout lets it finish)"))
+                            "" if graded_cell else " (it holds no graded answer: the exercises were graded without "
+                            "it; on a slow or busy machine, a longer --cell-timeout lets it finish)"))
                         stopped.append((index, f"ran over {limit:g} s and was interrupted"))
                     cell.outputs = []
+                index = None
                 run_extra(client, KERNEL_SIDE, cell_timeout)
                 for ex in exercises:
-                    result.exercises.append(session.grade(ex, hidden.get(ex.id, ())))
-            except (DeadKernelError, KernelStuck) as err:
-                done = {e.id for e in result.exercises}
-                status = "timeout" if isinstance(err, KernelStuck) else "error"
-                why = "the kernel ignored an interrupt and was stopped" if status == "timeout" else "the kernel died"
-                result.exercises += [ExerciseResult(ex.id, 0.0, ex.points, status, why)
-                                     for ex in exercises if ex.id not in done]
-                notes.append(why)
-        if client.printed > LOUD_BYTES:
-            notes.append(f"the notebook printed {client.printed / 1e6:.1f} MB of output (discarded)")
-    result.exercises = [explain_missing(e, nb, stopped) for e in result.exercises]
-    result.score = float(sum(e.points for e in result.exercises))
-    result.message = "; ".join(notes)
-    result.seconds = time.perf_counter() - start
-    return result
+                    if ex.id not in graded:
+                        graded[ex.id] = session.grade(ex, hidden.get(ex.id, ()))
+                ex = None
+        except (DeadKernelError, KernelStuck) as err:
+            kind = "stuck" if isinstance(err, KernelStuck) else "dead"
+            return _Failure(kind, index, ex if index is None else None, client.printed)
+        return _Failure(printed=client.printed)
 
 
 NOT_GRADED = "not graded: the notebook could not be read (see the note above)"
