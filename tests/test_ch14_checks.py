@@ -13,7 +13,7 @@ import torch
 from attncourse import AttentionState, finalize_attention_state, online_attention_update
 from attncourse.classroom import checks
 from attncourse.classroom.nbtools import ROOT
-from exercise_routes import NOT_THE_WAY, accepted, failure, refused
+from exercise_routes import NOT_THE_WAY, accepted, as_learner, failure, refused
 
 
 # The breakers (right outputs computed the wrong way) are run by check and grader for every chapter in
@@ -106,7 +106,8 @@ def moba_attention_fixed(q, k, v, block_size, top_k):
 
 
 def test_bug_right_answer_and_library_routes(tmp_path, monkeypatch):
-    accepted("14-find-the-bug-1", moba_attention_fixed, tmp_path, monkeypatch)
+    # the check cell passes the fix (the grader's full points for the solution: test_notebooks)
+    checks.check("14-find-the-bug-1", as_learner(moba_attention_fixed))
     from attncourse.learned_sparse import blocks_to_mask, moba_gate, selected_attention
 
     def package(q, k, v, block, top_k):
@@ -422,11 +423,12 @@ def test_bug_work_follows_the_selection_whatever_the_copies(tmp_path, monkeypatc
     """Loops over laundered copies of K and V, a query or a tile of queries at a time, with no tensor of two long dims:
     refused because the entries their operators take in follow every earlier key, not the selection. A right answer
     laid out differently (each query's selected blocks gathered) passes."""
-    accepted("14-find-the-bug-1", gathered_selection, tmp_path, monkeypatch)
-    for route in (per_query_over_copies, query_tiles_over_copies):
-        msg, graded = refused("14-find-the-bug-1", route, tmp_path, monkeypatch)
-        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
-        assert "tensor entries" in msg and "T=128" in msg, (route.__name__, msg)
+    checks.check("14-find-the-bug-1", as_learner(gathered_selection))
+    msg, graded = refused("14-find-the-bug-1", per_query_over_copies, tmp_path, monkeypatch)  # check and grader
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+    assert "tensor entries" in msg and "T=128" in msg, msg
+    msg = failure("14-find-the-bug-1", as_learner(query_tiles_over_copies))  # the check cell (the same property)
+    assert NOT_THE_WAY in msg and "tensor entries" in msg and "T=128" in msg, msg
 
 
 def test_recall_every_query_behind_an_inserted_dim_refused(tmp_path, monkeypatch):
