@@ -34,13 +34,15 @@ import torch
 from . import _validate
 from .flash_io import ALIGNS, check_causal_options  # noqa: F401  (ALIGNS re-exported)
 from .flash_io import (Band, HBMTraffic, TrafficCounter, causal_block_counts, causal_tile_map,  # noqa: F401
-                       check_int, check_qkv, flash_block_sizes, hbm_traffic_fa2, hbm_traffic_flash,
+                       check_int, check_qkv, flash_block_sizes, hbm_traffic_fa2, hbm_traffic_fa2_backward,
+                       hbm_traffic_flash, hbm_traffic_standard_backward,
                        hbm_traffic_standard, theorem2_bound, tile_map)
 from .sdpa import compute_dtype as _compute_dtype  # half precision tiles accumulate in float32
 
 __all__ = ["ALIGNS", "FlashAttentionFunction", "default_block_sizes", "flash_attention", "flash_attention_backward",
            "flash_attention_forward", "causal_tile_map", "causal_block_counts", "hbm_traffic_standard",
-           "hbm_traffic_flash", "hbm_traffic_fa2", "flash_block_sizes", "theorem2_bound", "HBMTraffic", "Band",
+           "hbm_traffic_flash", "hbm_traffic_fa2", "hbm_traffic_fa2_backward",
+           "hbm_traffic_standard_backward", "flash_block_sizes", "theorem2_bound", "HBMTraffic", "Band",
            "TrafficCounter", "tile_map"]
 
 _NEG_INF = float("-inf")
@@ -170,6 +172,10 @@ def _tiled_backward(q, k, v, out, lse, d_out, d_lse, band: Band, scale: float, b
         delta = delta - d_lse.unsqueeze(-1)
     # base-2 lse; +inf on rows with no key so that P = 2^(s - inf) = 0 there
     lse2 = (lse * _LOG2E).masked_fill(lse == _NEG_INF, float("inf")).unsqueeze(-1)  # (M, G, Tq, 1)
+    if io is not None:  # the preprocessing pass: reads O and dO, writes D
+        io.read("O", out.numel())
+        io.read("dO", d_out.numel())
+        io.write("D", delta.numel())
     q2 = q * (scale * _LOG2E)  # (M, G, Tq, D): rebuilds the forward's base-2 scores
     dq = torch.zeros_like(q)  # (M, G, Tq, D), accumulated over key blocks
     dk = torch.zeros_like(k)  # (M, Tk, D)

@@ -144,26 +144,76 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, n_new: int, *, use_cache: bool = True,
-                 temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+                 temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                 min_p: float | None = None, generator: torch.Generator | None = None,
+                 return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue `prompt` (B, T0) by `n_new` tokens -> (B, T0 + n_new); greedy when temperature is 0.
 
         Without the cache every step re-runs the whole sequence (quadratic); with it, the prompt is run
-        once (prefill) and each new token costs one position (decode).
+        once (prefill) and each new token costs one position (decode). With ``temperature > 0`` each token is
+        drawn from softmax(logits / temperature) after :func:`filter_logits` (`top_k`, `top_p`, `min_p`), with
+        `generator`. ``return_logits=True`` also returns the filtered, scaled logits each step sampled from
+        (B, n_new, V), -inf where a filter removed a token (the raw logits when greedy).
+
+        Raises:
+            ValueError: `n_new` not a positive int, a negative temperature, or a bad filter (see filter_logits).
         """
         _validate.positive_int("n_new", n_new)
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
         seq = prompt
         caches = self.new_caches(prompt.shape[0], prompt.shape[1] + n_new) if use_cache else None
         logits = self(prompt, caches)  # prefill: (B, T0, V)
+        used = []
         for step in range(n_new):
             last = logits[:, -1]  # (B, V)
             if temperature > 0:
-                nxt = torch.multinomial(F.softmax(last / temperature, -1), 1, generator=generator)  # (B, 1)
+                last = filter_logits(last / temperature, top_k=top_k, top_p=top_p, min_p=min_p)  # (B, V)
+                nxt = torch.multinomial(F.softmax(last, -1), 1, generator=generator)  # (B, 1)
             else:
                 nxt = last.argmax(-1, keepdim=True)  # (B, 1)
+            used.append(last)
             seq = torch.cat([seq, nxt], dim=1)  # (B, T + 1)
             if step < n_new - 1:
                 logits = self(nxt, caches) if use_cache else self(seq)  # (B, 1, V) or (B, T + 1, V)
-        return seq
+        return (seq, torch.stack(used, dim=1)) if return_logits else seq
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None,
+                  min_p: float | None = None) -> torch.Tensor:
+    """Set to -inf the logits (..., V) of the tokens a sampling filter removes; the rest are unchanged.
+
+    Applied in this order, each on what the previous one kept:
+
+    * `top_k`: keep the k largest logits of each row (ties with the k-th are kept too);
+    * `top_p` (nucleus sampling, Holtzman et al. 2020): keep the smallest set of most likely tokens whose
+      probabilities sum to at least p (the token that crosses p is kept; so is the most likely one);
+    * `min_p`: keep the tokens whose probability is at least ``min_p`` times the most likely one's.
+
+    Raises:
+        TypeError: `logits` not a floating tensor.
+        ValueError: top_k not a positive int, top_p or min_p outside (0, 1].
+    """
+    _validate.tensor("logits", logits, min_rank=1, floating=True)
+    out = logits
+    if top_k is not None:
+        top_k = _validate.positive_int("top_k", top_k)
+        kth = out.topk(min(top_k, out.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
+        out = out.masked_fill(out < kth, float("-inf"))
+    for name, value in (("top_p", top_p), ("min_p", min_p)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    if top_p is not None:
+        probs = F.softmax(out.float(), dim=-1)  # (..., V)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the more likely tokens
+        drop_sorted = before >= top_p  # the nucleus is complete before this token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
+        out = out.masked_fill(drop, float("-inf"))
+    if min_p is not None:
+        probs = F.softmax(out.float(), dim=-1)
+        out = out.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    return out
 
 
 def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -331,14 +331,27 @@ def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 5. experiment
 
 
+def _rescales(row, chunk_size, *, ties=False):
+    chunk_max = [float(piece.max()) for piece in row.split(chunk_size)]
+    best, rescales, rescaled = chunk_max[0], 0, 0
+    for j, top in enumerate(chunk_max[1:], start=1):
+        if top > best or (ties and top == best):
+            rescales, rescaled, best = rescales + 1, rescaled + j * chunk_size, top
+    return rescales, rescaled
+
+
 def test_rescale_cost_reference_and_typed_numbers_refused(tmp_path, monkeypatch):
     from attncourse.classroom.checks.ch08 import rescale_cost
 
+    accepted("08-rescale-cost", _rescales, tmp_path, monkeypatch)
     assert "called" in failure("08-rescale-cost", rescale_cost)
-    assert "called" in failure("08-rescale-cost", lambda s, n, c, d=0.0: online_softmax_trace(torch.zeros(3), 1) and (0, 0))
+    assert "called" in failure("08-rescale-cost", lambda row, c: online_softmax_trace(torch.zeros(3), 1) and (0, 0))
     expected = checks.get("08-rescale-cost").make_cases()[0].expected
     failure("08-rescale-cost", lambda *a: expected)
-    failure("08-rescale-cost", lambda s, n, c, d=0.0: (round(math.log(n / c)), n))  # the expected-value formula
+    failure("08-rescale-cost", lambda row, c: (round(math.log(len(row) / c)), len(row)))  # the expected-value formula
+    failure("08-rescale-cost", lambda row, c: _rescales(row, c, ties=True))  # a tie counted as a rescale
+    # every chunk after a rescale counted from the row's start, not the elements written before it
+    failure("08-rescale-cost", lambda row, c: (_rescales(row, c)[0], _rescales(row, c)[0] * c))
 
 
 # ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
