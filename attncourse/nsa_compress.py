@@ -114,7 +114,7 @@ def train_learned_nsa(seed: int, cfg=None, *, compress: str = "mlp", mean_skip: 
     (``compress="mlp"``) or by the mean of each block (``"mean"``, the chapter's default). Returns the dict of
     :func:`attncourse.sparse_recall.train_recall` (accuracy, recall, keys_read, entries_read)."""
     from .learned_sparse import blocks_to_mask, nsa_select
-    from .sparse_recall import RecallConfig, RecallModel, recall_batch
+    from .sparse_recall import RecallConfig, RecallModel, fit_and_evaluate
     from .sdpa import scaled_dot_product_attention
 
     if compress not in ("mlp", "mean"):
@@ -147,18 +147,5 @@ def train_learned_nsa(seed: int, cfg=None, *, compress: str = "mlp", mean_skip: 
         return model.out(g[:, :1] * o_cmp[:, 0, -1] + g[:, 1:] * out), allowed
 
     gen = torch.Generator().manual_seed(1000 + seed)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    for _ in range(cfg.steps):
-        keys, values, _, answer = recall_batch(cfg, cfg.batch, gen)
-        loss = nn.functional.cross_entropy(forward(keys, values)[0], answer)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        keys, values, pos, answer = recall_batch(cfg, eval_batch, torch.Generator().manual_seed(10_000 + seed))
-        logits, allowed = forward(keys, values)
-    n_cmp = block_starts(cfg.seq_len, l, d).numel()
-    return {"accuracy": float((logits.argmax(-1) == answer).float().mean()),
-            "recall": float(allowed[torch.arange(eval_batch), pos].float().mean()),
-            "keys_read": float(allowed.sum(-1).float().mean()),
-            "entries_read": float(allowed.sum(-1).float().mean()) + n_cmp}
+    scores = fit_and_evaluate(forward, [p for p in model.parameters() if p.requires_grad], cfg, gen, seed, eval_batch)
+    return {**scores, "entries_read": scores["keys_read"] + block_starts(cfg.seq_len, l, d).numel()}

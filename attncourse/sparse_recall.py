@@ -121,19 +121,26 @@ def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eva
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(1000 + seed)
     model = RecallModel(cfg, method)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    scores = fit_and_evaluate(model, model.parameters(), cfg, gen, seed, eval_batch)
+    return {**scores, "blocks": n_blocks(cfg.seq_len, cfg.block_size),
+            "entries_read": scores["keys_read"] + (cfg.seq_len // cfg.block_size if method == "nsa" else 0)}
+
+
+def fit_and_evaluate(forward, params, cfg: RecallConfig, gen: torch.Generator, seed: int,
+                     eval_batch: int) -> dict[str, float]:
+    """Train `forward` ((keys, values) -> (logits (B, vocab), allowed (B, T) bool)) with Adam on `params` for
+    `cfg.steps` batches drawn from `gen`; return ``accuracy``, ``recall`` and ``keys_read`` on `eval_batch` fresh
+    held-out sequences (seeded by `seed`)."""
+    opt = torch.optim.Adam(list(params), lr=cfg.lr)
     for _ in range(cfg.steps):
         keys, values, _, answer = recall_batch(cfg, cfg.batch, gen)
-        logits, _ = model(keys, values)
-        loss = nn.functional.cross_entropy(logits, answer)
+        loss = nn.functional.cross_entropy(forward(keys, values)[0], answer)
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
         keys, values, pos, answer = recall_batch(cfg, eval_batch, torch.Generator().manual_seed(10_000 + seed))
-        logits, allowed = model(keys, values)
+        logits, allowed = forward(keys, values)
     return {"accuracy": float((logits.argmax(-1) == answer).float().mean()),
             "recall": float(allowed[torch.arange(eval_batch), pos].float().mean()),
-            "keys_read": float(allowed.sum(-1).float().mean()), "blocks": n_blocks(cfg.seq_len, cfg.block_size),
-            "entries_read": float(allowed.sum(-1).float().mean())
-            + (cfg.seq_len // cfg.block_size if method == "nsa" else 0)}
+            "keys_read": float(allowed.sum(-1).float().mean())}
