@@ -321,3 +321,25 @@ def test_class_run_in_parallel_writes_json_csv_and_feedback(tmp_path, capsys):
     order = [line.split("[")[1].split("]")[0] for line in printed.splitlines() if not line.startswith(" ")]
     assert order == ["alice", "bob", "carol", "dave", "eve"], printed
     assert printed.count("not a readable notebook") == 1 and "exercise(s) not graded" in printed
+
+
+def test_restarts_are_capped(tmp_path, monkeypatch):
+    """A notebook whose every run stops its kernel: at most MAX_RESTARTS fresh kernels, then every exercise not
+    graded says why (no kernel is started here: the run is replaced by one that always reports a stuck cell)."""
+    from attncourse.classroom.grading import notebook
+
+    runs = []
+
+    def always_stuck(nb, exercises, hidden, cell_timeout, timeout, deadline, salt, skip, graded, notes, stopped):
+        runs.append(dict(skip))
+        return notebook._Failure("stuck", index=len(runs), printed=0)
+
+    monkeypatch.setattr(notebook, "_run_and_grade", always_stuck)
+    result = grade.grade_notebook(submission(tmp_path, "03_stuck.ipynb", minimal), cell_timeout=10)
+    assert len(runs) == notebook.MAX_RESTARTS + 1 and runs[-1] == {
+        i: "ignored an interrupt and was stopped" for i in range(1, notebook.MAX_RESTARTS + 1)}
+    assert {e.status for e in result.exercises} == {"timeout"} and len(result.exercises) == COUNT
+    assert result.score == 0 and all("fresh kernels, or the notebook's time limit, used up" in e.message
+                                     for e in result.exercises), result.exercises
+    last = notebook.MAX_RESTARTS + 1
+    assert f"cell {last + 1} of" in result.message and "run again" not in result.message.split(f"cell {last + 1} of")[1]
