@@ -856,11 +856,12 @@ def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int
     allowed = {checks.forbidden.lookup(name) for name in ex.allow}
     answers = []
     decide = checks.forbidden.Guard(ex.policy)
-    # an answer of plain numbers (a prediction written as a function of its configuration): a library function
-    # handed them may simulate in Python for minutes before its first tensor operator, where the guard stops it,
-    # and the guard's decision is taken on entering its code, so that decision is checked without running it
-    numbers_only = all(isinstance(a, (int, float, tuple, list)) and not isinstance(a, bool) for a in cases[0].args) \
-        and not cases[0].kwargs
+    # an answer of plain data (a prediction or an experiment written as a function of its configuration: numbers
+    # and names): a library function handed them may simulate in Python, or train a model, for minutes
+    # (13-recall-capacity's ("linear", 24, 16, 0) ran `mqar_tokens.train_zoology` for 180 s per call), and the
+    # guard's decision is taken on entering its code, so that decision is checked without running it
+    numbers_only = all(isinstance(a, (int, float, str, tuple, list)) and not isinstance(a, bool)
+                       for a in cases[0].args) and not cases[0].kwargs
     for name, obj in library_callables():
         if numbers_only and obj not in allowed:  # library code the guard refuses on entry: not run (see above)
             codes = checks.forbidden._codes_of(obj, "attncourse")
