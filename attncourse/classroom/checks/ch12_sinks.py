@@ -50,6 +50,8 @@ def _sink_logit():
         tol = dict(rtol=1e-7, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
         if shift > 1000:  # float32 scores near 3000 carry rounding of about 1e-3: the weights agree to ~1e-2
             tol = dict(rtol=2e-2, atol=2e-3)
+        elif shift:  # float32 scores near 300 carry rounding of about 3e-5: a right float32 answer is off by up to
+            tol = dict(rtol=1e-3, atol=2e-4)  # 3.9e-5 over 300 draws (1e-4 and 1e-5 failed the solution 2 runs in 8)
         cases.append(Case(f"q {tuple(q.shape)}, k {tuple(k.shape)}, {str(dtype)[6:]}, is_causal={causal}"
                           + (f", scores near {shift:g}" if shift else ""), (q, k, v, sink), {"is_causal": causal},
                           expected=expected, **tol))
