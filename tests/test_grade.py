@@ -76,11 +76,13 @@ def test_raising_looping_and_dying_submissions(tmp_path):
     def edit(nb):
         minimal(nb)
         answer_cell(nb, "03-sdpa-numpy").source = "def attention_numpy(Q, K, V):\n    raise ValueError('oops')\n"
-        answer_cell(nb, "03-masked-attention").source = "def masked_attention(q, k, v, keep):\n    while True:\n        pass\n"
-        answer_cell(nb, "03-predict-shapes").source = "while True:\n    pass\n"
-        nb.cells.insert(3, nbformat.v4.new_code_cell("while True:\n    pass  # a learner's own slow cell"))
+        # the loops sleep: an interrupt stops them as it stops a busy loop, and they leave the CPU to other tests
+        answer_cell(nb, "03-masked-attention").source = \
+            "def masked_attention(q, k, v, keep):\n    import time\n    while True:\n        time.sleep(0.01)\n"
+        answer_cell(nb, "03-predict-shapes").source = "import time\nwhile True:\n    time.sleep(0.01)\n"
+        nb.cells.insert(3, nbformat.v4.new_code_cell("import time\nwhile True:\n    time.sleep(0.01)  # a learner's own slow cell"))
 
-    result = grade.grade_notebook(submission(tmp_path, "03_broken.ipynb", edit), cell_timeout=10)
+    result = grade.grade_notebook(submission(tmp_path, "03_broken.ipynb", edit), cell_timeout=8)
     st = statuses(result)
     assert st["03-sdpa-numpy"] == "error" and "ValueError: oops" in result.exercises[0].message
     assert st["03-masked-attention"] == "timeout"
@@ -92,11 +94,11 @@ def test_raising_looping_and_dying_submissions(tmp_path):
                  if c.metadata.get("nbgrader", {}).get("grade_id") == "03-predict-shapes-answer")
     predict = next(e for e in result.exercises if e.id == "03-predict-shapes")
     assert predict.status == "timeout" and "is not defined in the notebook" not in predict.message
-    assert f"never defined: its cell, cell {where + 1} of {len(nb.cells)}, ran over 10 s and was interrupted" in predict.message
+    assert f"never defined: its cell, cell {where + 1} of {len(nb.cells)}, ran over 8 s and was interrupted" in predict.message
     assert st["03-find-the-bug-1"] == "passed" and st["03-variance-experiment"] == "passed"
-    assert f"cell {where + 1} of {len(nb.cells)} ran over 10 s and was interrupted" in result.message
-    assert f"cell {where + 1} of {len(nb.cells)} ran over 10 s and was interrupted (" not in result.message
-    assert f"cell 4 of {len(nb.cells)} ran over 10 s and was interrupted (it holds no graded answer" in result.message
+    assert f"cell {where + 1} of {len(nb.cells)} ran over 8 s and was interrupted" in result.message
+    assert f"cell {where + 1} of {len(nb.cells)} ran over 8 s and was interrupted (" not in result.message
+    assert f"cell 4 of {len(nb.cells)} ran over 8 s and was interrupted (it holds no graded answer" in result.message
 
 
 def test_a_dying_cell_or_answer_costs_only_itself(tmp_path):
@@ -171,7 +173,7 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
 def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path, monkeypatch):
     from attncourse.classroom.grading import session
 
-    stubborn = ("    while True:\n        try:\n            while True:\n                pass\n"
+    stubborn = ("    import time\n    while True:\n        try:\n            while True:\n                time.sleep(0.01)\n"
                 "        except KeyboardInterrupt:\n            pass\n")
 
     def edit(nb):
@@ -179,8 +181,8 @@ def test_a_kernel_that_ignores_interrupts_is_stopped(tmp_path, monkeypatch):
         answer_cell(nb, "03-masked-attention").source = "def masked_attention(q, k, v, keep):\n" + stubborn
         nb.cells.insert(2, nbformat.v4.new_code_cell("if True:  # a learner's own cell\n" + stubborn))
 
-    monkeypatch.setattr(session, "PROBE_S", 5)  # every interrupt here is ignored: no need to wait the usual 30 s
-    result = grade.grade_notebook(submission(tmp_path, "03_stubborn.ipynb", edit), cell_timeout=10)
+    monkeypatch.setattr(session, "PROBE_S", 3)  # every interrupt here is ignored: no need to wait the usual 30 s
+    result = grade.grade_notebook(submission(tmp_path, "03_stubborn.ipynb", edit), cell_timeout=8)
     st = statuses(result)
     assert st.pop("03-masked-attention") == "timeout" and set(st.values()) == {"passed"}, result.exercises
     masked = next(e for e in result.exercises if e.id == "03-masked-attention")
@@ -343,3 +345,30 @@ def test_restarts_are_capped(tmp_path, monkeypatch):
                                      for e in result.exercises), result.exercises
     last = notebook.MAX_RESTARTS + 1
     assert f"cell {last + 1} of" in result.message and "run again" not in result.message.split(f"cell {last + 1} of")[1]
+
+
+def test_after_an_interrupted_cell_later_cells_keep_their_output(tmp_path):
+    """nbclient leaves a cell's output reader running when the cell times out; left alone, it takes messages meant
+    for later cells (their prints went uncounted, their errors unseen, and each waited 4 s for an "idle" it never
+    got). The grader stops it: every later cell's output reaches that cell's reader."""
+    import asyncio
+
+    from jupyter_core.utils import ensure_event_loop
+
+    from attncourse.classroom.grading import session
+    from attncourse.classroom.nbtools import kernel_manager
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time\nwhile True:\n    time.sleep(0.01)"),
+                nbformat.v4.new_code_cell("for i in range(20):\n    print('x' * 99, flush=True)\nraise ValueError('late')")]
+    km = kernel_manager()
+    client = session.make_client(nb, 30, km, tmp_path)
+    with session.running(client, km):
+        assert not session.execute(client, nb.cells[0], 0, 2)  # interrupted at its time limit
+        readers = [t for t in asyncio.all_tasks(ensure_event_loop())
+                   if getattr(t.get_coro(), "__qualname__", "").endswith("_async_poll_output_msg") and not t.done()]
+        assert readers == []
+        printed = client.printed
+        assert session.execute(client, nb.cells[1], 1, 30)  # errors are kept as outputs, not raised
+        assert client.printed - printed == 20 * 100
+        assert any(o.get("ename") == "ValueError" for o in nb.cells[1].outputs), nb.cells[1].outputs

@@ -7,6 +7,7 @@ notebook prints; it counts the bytes it dropped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import contextmanager
@@ -69,6 +70,18 @@ def is_check_cell(cell) -> bool:
     return bool(meta.get("grade")) and not meta.get("solution")
 
 
+async def _stop_stale_output_readers() -> None:
+    """Cancel the output reader nbclient leaves running after a cell's timeout. nbclient does not cancel it on a
+    CellTimeoutError, and its event loop persists between cells, so the stale reader kept taking the kernel's
+    messages: every later cell's reader then missed its "idle" and waited nbclient's iopub timeout, 4 s per cell
+    and per graded exercise for the rest of the notebook (and a later cell's output could go to the stale reader)."""
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task() and \
+                getattr(task.get_coro(), "__qualname__", "").endswith("._async_poll_output_msg"):
+            task.cancel()
+    await asyncio.sleep(0)  # let the cancellations run
+
+
 def execute(client, cell, index: int, cell_timeout: float) -> bool:
     """Run one cell; on timeout interrupt the kernel and return False. Raise KernelStuck if it stays busy."""
     from nbclient.exceptions import CellTimeoutError
@@ -80,6 +93,7 @@ def execute(client, cell, index: int, cell_timeout: float) -> bool:
         return True
     except CellTimeoutError:
         run_sync(client.km.interrupt_kernel)()
+        run_sync(_stop_stale_output_readers)()
     finally:
         client.timeout = saved
     probe = nbformat.v4.new_code_cell("pass")
