@@ -158,7 +158,9 @@ def test_deleted_and_reordered_cells_are_graded(tmp_path):
 def test_cli_writes_the_documented_json(tmp_path, capsys):
     out = tmp_path / "grades.json"
     solution = submission(tmp_path, SOLUTION.name, minimal)  # the graded cells only: the same JSON, sooner
-    assert grade.main([str(solution), str(EXERCISE), "--json", str(out)]) == 0
+    (tmp_path / "untouched").mkdir()
+    exercise = submission(tmp_path / "untouched", EXERCISE.name, minimal, base=EXERCISE)
+    assert grade.main([str(solution), str(exercise), "--json", str(out)]) == 0
     data = json.loads(out.read_text(encoding="utf-8"))
     assert [d["score"] for d in data] == [MAX, 0.0]
     for entry in data:
