@@ -61,8 +61,8 @@ def cascade_attention(query: torch.Tensor, prefix_key: torch.Tensor, prefix_valu
     r, h, t_q, d = query.shape
     s = suffix_key.shape[2]
     if prefix_key.shape[0] != h or prefix_key.shape[2] != d or prefix_value.shape[:2] != prefix_key.shape[:2] or \
-            suffix_key.shape[:2] != (r, h) or suffix_key.shape[3] != d or suffix_value.shape[:3] != suffix_key.shape[:3] \
-            or suffix_value.shape[3] != prefix_value.shape[2]:
+            suffix_key.shape[:2] != (r, h) or suffix_key.shape[3] != d or \
+            suffix_value.shape[:3] != suffix_key.shape[:3] or suffix_value.shape[3] != prefix_value.shape[2]:
         raise ValueError(f"shapes do not fit: query {tuple(query.shape)}, prefix_key {tuple(prefix_key.shape)}, "
                          f"prefix_value {tuple(prefix_value.shape)}, suffix_key {tuple(suffix_key.shape)}, "
                          f"suffix_value {tuple(suffix_value.shape)}")

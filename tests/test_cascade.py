@@ -10,8 +10,9 @@ from attncourse.cascade import cascade_attention, merge_attention_outputs
 def test_cascade_equals_dense_attention_over_prefix_and_suffix():
     g = torch.Generator().manual_seed(0)
     r, h, p, s, d = 3, 2, 9, 6, 8
-    pk, pv = torch.randn(h, p, d, generator=g, dtype=torch.float64), torch.randn(h, p, 5, generator=g, dtype=torch.float64)
-    sk, sv = torch.randn(r, h, s, d, generator=g, dtype=torch.float64), torch.randn(r, h, s, 5, generator=g, dtype=torch.float64)
+    f64 = dict(generator=g, dtype=torch.float64)
+    pk, pv = torch.randn(h, p, d, **f64), torch.randn(h, p, 5, **f64)  # the shared prefix, (H, P, D)
+    sk, sv = torch.randn(r, h, s, d, **f64), torch.randn(r, h, s, 5, **f64)  # each request's suffix, (R, H, S, D)
     lengths = torch.tensor([6, 2, 4])
     for t_q in (1, 2):
         q = torch.randn(r, h, t_q, d, generator=g, dtype=torch.float64)
@@ -33,7 +34,8 @@ def test_merge_is_attention_over_the_union_and_rejects_bad_input():
     out, lse = merge_attention_outputs(*parts)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
     torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 8 ** 0.5, -1))
-    empty = merge_attention_outputs(parts[0], parts[1], torch.zeros_like(parts[0]), torch.full_like(parts[1], -torch.inf))
+    empty = merge_attention_outputs(parts[0], parts[1], torch.zeros_like(parts[0]),
+                                    torch.full_like(parts[1], -torch.inf))
     torch.testing.assert_close(empty[0], parts[0])  # a part with no keys changes nothing
     with pytest.raises(ValueError, match="out_a"):
         merge_attention_outputs(parts[0], parts[1], parts[0][:1], parts[3])
