@@ -23,7 +23,7 @@ from .kv_cache import KVCache, SinkWindowCache
 from .mha import merge_heads, MultiHeadAttention, repeat_kv, split_heads
 from .mla import mla_cache_bytes, MultiHeadLatentAttention
 from .online_softmax import (
-    AttentionState, finalize_attention_state, logsumexp_from_state, merge_attention_states,
+    AttentionState, finalize_attention_state, fold_sink_logit, logsumexp_from_state, merge_attention_states,
     merge_softmax_states, naive_softmax, one_pass_softmax, online_attention, online_attention_update,
     online_softmax_state, online_softmax_trace, softmax_state, SoftmaxState, three_pass_softmax,
     two_pass_softmax,
@@ -99,6 +99,7 @@ __all__ = [
     "naive_softmax",
     "one_pass_softmax",
     "online_attention",
+    "fold_sink_logit",
     "online_attention_update",
     "online_softmax_state",
     "online_softmax_trace",

@@ -26,7 +26,7 @@ from . import _validate
 from .mha import MultiHeadAttention
 from .variants import DifferentialAttention, SigmoidAttention
 
-ATTENTIONS = ("softmax", "sigmoid", "differential")
+ATTENTIONS = ("softmax", "sigmoid", "differential", "sink_logit", "gated")
 
 
 # ----------------------------------------------------------------------------- data
@@ -94,6 +94,9 @@ def _attention_layer(c: AttnOnlyConfig, layer: int) -> nn.Module:
         return MultiHeadAttention(c.d_model, c.n_heads)
     if c.attention == "sigmoid":
         return SigmoidAttention(c.d_model, c.n_heads)
+    if c.attention in ("sink_logit", "gated"):  # the 2025 answers that keep softmax (chapter 12, section 4b)
+        from .sink_variants import GatedAttention, SinkLogitAttention
+        return (SinkLogitAttention if c.attention == "sink_logit" else GatedAttention)(c.d_model, c.n_heads)
     return DifferentialAttention(c.d_model, c.n_heads, layer=layer)
 
 

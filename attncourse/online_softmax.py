@@ -26,7 +26,7 @@ from .sdpa import _check_qkv, apply_mask, causal_mask
 from .sdpa import compute_dtype as _compute_dtype
 
 __all__ = [
-    "AttentionState", "SoftmaxState", "finalize_attention_state", "logsumexp_from_state",
+    "AttentionState", "SoftmaxState", "finalize_attention_state", "fold_sink_logit", "logsumexp_from_state",
     "merge_attention_states", "merge_softmax_states", "naive_softmax", "one_pass_softmax",
     "online_attention", "online_attention_update", "online_softmax_state", "online_softmax_trace",
     "softmax_state", "three_pass_softmax", "two_pass_softmax", "lazy_rescale_attention",
@@ -275,6 +275,30 @@ def finalize_attention_state(state: AttentionState) -> tuple[torch.Tensor, torch
     return _divide(acc, l[..., None]), logsumexp_from_state(SoftmaxState(m, l))
 
 
+def fold_sink_logit(state: AttentionState, sink: torch.Tensor) -> AttentionState:
+    r"""Fold a sink logit (gpt-oss) into a running attention state: one more term :math:`e^{s}` in the
+    denominator, with a zero value, entering the running maximum and the sum once.
+
+    .. math:: m' = \max(m, s),\quad \ell' = e^{m - m'}\ell + e^{s - m'},\quad \mathrm{acc}' = e^{m - m'}\mathrm{acc}
+
+    Applied to the start state ``(-inf, 0, 0)`` it gives ``(s, 1, 0)`` (the sink first); applied after the last
+    chunk it is what ``flash_attn.cute``'s forward does when it finalises a row. Both give the same weights.
+
+    Args:
+        state: ``(m, l, acc)`` with shapes (..., Tq), (..., Tq), (..., Tq, Dv).
+        sink: a tensor broadcastable to (..., Tq), e.g. (H, 1) for one logit per head of a (B, H, Tq) state.
+    """
+    if not (isinstance(state, tuple) and len(state) == 3):
+        raise TypeError(f"state must be an AttentionState (m, l, acc), got {type(state).__name__}")
+    m, l, acc = state  # noqa: E741
+    _validate.tensor("sink", sink, min_rank=0, floating=True)
+    _validate.broadcastable("sink", tuple(sink.shape), tuple(m.shape), "state.m")
+    sink = sink.to(m.dtype).expand(m.shape)
+    m_new = torch.maximum(m, sink)  # finite: the sink is always there
+    alpha = torch.exp(m - m_new)  # (..., Tq); 0 where m = -inf (nothing seen yet)
+    return AttentionState(m_new, alpha * l + torch.exp(sink - m_new), alpha[..., None] * acc)
+
+
 def online_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -284,6 +308,8 @@ def online_attention(
     is_causal: bool = False,
     scale: float | None = None,
     chunk_size: int = 128,
+    sink_logits: torch.Tensor | None = None,
+    sink_at: str = "end",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in one pass over the keys, `chunk_size` at a time, never holding a (Tq, Tk) matrix.
 
@@ -291,11 +317,23 @@ def online_attention(
     (boolean mask True = may attend, float mask added, ``is_causal`` top-left aligned). All queries are
     processed together; chapter 09 tiles the queries too.
 
+    With ``sink_logits`` (H,) (one per head; inputs (B, H, T, D)), each row's denominator gets one more term
+    :math:`e^{s_h}` with no value (gpt-oss's sink, :func:`attncourse.sink_softmax_attention`), folded by
+    :func:`fold_sink_logit` once: before the first chunk (``sink_at="start"``) or when the row is finalised
+    (``"end"``, as ``flash_attn.cute`` does). The lse then includes the sink's term.
+
     Returns:
         out (..., Tq, Dv) in the inputs' dtype, zeros on fully masked rows; lse (..., Tq), the
         log-sum-exp of each scaled, masked score row (float32 for half-precision inputs).
     """
     _check_qkv(query, key, value)
+    if sink_at not in ("start", "end"):
+        raise ValueError(f"sink_at must be 'start' or 'end', got {sink_at!r}")
+    if sink_logits is not None:
+        _validate.tensor("sink_logits", sink_logits, floating=True)
+        if query.dim() != 4 or sink_logits.shape != (query.shape[1],):
+            raise ValueError(f"sink_logits must be (H,) for inputs (B, H, T, D); got sink_logits "
+                             f"{tuple(sink_logits.shape)}, query {tuple(query.shape)}")
     size = _validate.positive_int("chunk_size", chunk_size)
     q_len, k_len, dv = query.shape[-2], key.shape[-2], value.shape[-1]
     lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
@@ -311,6 +349,9 @@ def online_attention(
     q = query.to(dtype)
     m = torch.full((*lead, q_len), _NEG_INF, dtype=dtype, device=query.device)  # (..., Tq)
     state = AttentionState(m, torch.zeros_like(m), torch.zeros(*lead, q_len, dv, dtype=dtype, device=query.device))
+    sink = None if sink_logits is None else sink_logits.to(dtype)[:, None]  # (H, 1): broadcasts over (B, H, Tq)
+    if sink is not None and sink_at == "start":
+        state = fold_sink_logit(state, sink)  # (s, 1, 0): the running max starts at the sink, the sum at its term
     for start in range(0, k_len, size):
         stop = min(start + size, k_len)
         k_chunk = key[..., start:stop, :].to(dtype)  # (..., C, D)
@@ -322,6 +363,8 @@ def online_attention(
             keep = causal_mask(q_len, k_len, device=s.device)[:, start:stop]  # (Tq, C)
             s = s.masked_fill(~keep, _NEG_INF)
         state = online_attention_update(state, s, value[..., start:stop, :])
+    if sink is not None and sink_at == "end":
+        state = fold_sink_logit(state, sink)  # once, when the row is finalised
     out, lse = finalize_attention_state(state)
     return out.to(value.dtype), lse
 

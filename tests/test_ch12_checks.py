@@ -104,25 +104,48 @@ def test_find_head_refuses_heuristics(tmp_path, monkeypatch):
 
 
 def test_prediction_refuses_the_package(tmp_path, monkeypatch):
-    def worked(layer_a, layer_b, d_model, n_heads):
-        d = d_model // (2 * n_heads)
-        lam = lambda layer: 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))  # noqa: E731
-        return lam(layer_a), lam(layer_b), 4 * d_model * d_model + 6 * d
+    def worked(n, m, x, s):
+        return math.exp(s) / (math.exp(s) + n * math.exp(x)), s + math.log(m / n), n * math.exp(x) / (math.exp(x) + n)
 
     checks.check("12-predict", worked)
 
-    def package(layer_a, layer_b, d_model, n_heads):  # the cold review's route: one package call per part
-        from attncourse import DifferentialAttention, diff_lambda_init
-        return (diff_lambda_init(layer_a), diff_lambda_init(layer_b),
-                sum(p.numel() for p in DifferentialAttention(d_model, n_heads).parameters()))
+    def package(n, m, x, s):  # the route a learner who wants the point takes: run the package's rows
+        from attncourse.classroom.checks.ch12 import _sink_row
+        share, total = _sink_row(n, x, s)
+        return share, s + math.log(m / n), total
 
     refused("12-predict", package, tmp_path, monkeypatch, because="called attncourse")
 
-    def no_norm(layer_a, layer_b, d_model, n_heads):  # forgets the per-head norm's gain
-        return worked(layer_a, layer_b, d_model, n_heads)[:2] + (4 * d_model * d_model + 4 * d_model // (2 * n_heads),)
+    from attncourse.classroom.checks.ch12 import _predict
+    typed = tuple(float(v) for v in _predict()[0].expected)  # the first configuration's numbers, typed in
+
+    def printed(n, m, x, s):
+        return typed
 
     with pytest.raises(checks.CheckFailed, match="prediction is not right"):
-        checks.check("12-predict", no_norm)
+        checks.check("12-predict", printed)
+
+    def fixed_sink(n, m, x, s):  # "the sink logit does not need to change with the context"
+        return worked(n, m, x, s)[0], s, worked(n, m, x, s)[2]
+
+    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
+        checks.check("12-predict", fixed_sink)
+
+    def softmax_row(n, m, x, s):  # a sigmoid row read as a budget that sums to 1
+        return worked(n, m, x, s)[:2] + (1.0,)
+
+    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
+        checks.check("12-predict", softmax_row)
+
+
+def test_prediction_second_part_is_the_package_row():
+    """The check's second part (s + log(m / n)) is a formula: the package's sink row at m keys with that logit
+    takes the same share as at n keys with s."""
+    from attncourse.classroom.checks.ch12 import _sink_row
+    for n, m, x, s in ((7, 300, 0.4, 2.0), (5000, 12, -1.5, 6.0)):
+        share_n, _ = _sink_row(n, x, s)
+        share_m, _ = _sink_row(m, x, s + math.log(m / n))
+        assert abs(share_n - share_m) < 1e-12
 
 
 def test_induction_score_and_patchify_refuse_loops(tmp_path, monkeypatch):
@@ -210,7 +233,8 @@ def test_prediction_verify_cell_is_gated():
     from attncourse.classroom.nbtools import ROOT
 
     nb = nbformat.read(ROOT / "exercises" / "12_attention_variants.ipynb", as_version=4)
-    verify = [c.source for c in nb.cells if c.cell_type == "code" and "diff_lambda_init(" in c.source]
+    verify = [c.source for c in nb.cells if c.cell_type == "code" and "sink_softmax_attention(" in c.source
+              and "sigmoid_attention(" in c.source]  # the cell that prints the package's rows of exercise 3
     assert verify and all('if passed("12-predict")' in src for src in verify)
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from attncourse import (DifferentialAttention, GPT, GPTConfig, KVCache, MultiHeadAttention, PagedKVCache,
                         SigmoidAttention, differential_attention, grouped_attention, online_attention,
                         paged_attention, scaled_dot_product_attention, sigmoid_attention)
+from attncourse.sink_fixes import qk_norm_attention, softcap_attention, softpick_attention, ssmax_attention
 from attncourse.chunked import chunked_causal_attention
 from attncourse.flash import flash_attention
 from attncourse.positions import alibi_bias
@@ -92,6 +93,13 @@ FUNCTIONS = {
         _paged, False,
         []),
     "ring_attention (one rank)": (_ring, False, []),
+    "online_attention + sink logit": (
+        lambda q, k, v: online_attention(q, k, v, is_causal=True, chunk_size=16,
+                                         sink_logits=torch.linspace(-1, 2, q.shape[1], dtype=q.dtype))[0], True, []),
+    "softpick_attention": (lambda q, k, v: softpick_attention(q, k, v, is_causal=True), True, []),
+    "softcap_attention": (lambda q, k, v: softcap_attention(q, k, v, 5.0, is_causal=True), True, []),
+    "ssmax_attention": (lambda q, k, v: ssmax_attention(q, k, v, 0.4, is_causal=True), True, []),
+    "qk_norm_attention": (lambda q, k, v: qk_norm_attention(q, k, v, is_causal=True), True, []),
 }
 
 

@@ -19,11 +19,12 @@ def lesson_namespace():
     return ns
 
 
-@pytest.mark.parametrize("attention, seed", [("softmax", 1), ("sigmoid", 2), ("differential", 0)])
+@pytest.mark.parametrize("attention, seed", [("softmax", 1), ("sigmoid", 2), ("differential", 0), ("sink_logit", 1),
+                                             ("gated", 2)])
 def test_stored_runs_are_what_the_lesson_trains(attention, seed, monkeypatch):
     monkeypatch.chdir(ROOT / "notebooks")
     stored = torch.load(ROOT / "notebooks" / "results" / "induction_runs.pt")
-    assert stored["steps"] == 250 and len(stored["runs"]) == 9
+    assert stored["steps"] == 250 and len(stored["runs"]) == 15  # 5 attentions x 3 seeds
     run = stored["runs"][f"{attention}/{seed}"]
     assert run["hist"]["step"] == list(range(0, 251, 10))
     _, hist = lesson_namespace()["train_induction"](attention, 30, seed)  # the first 30 of the same 250 steps

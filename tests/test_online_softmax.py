@@ -388,3 +388,46 @@ def test_attention_bad_input():
         online_attention_update(state[:2], torch.zeros(2, 4, 6, dtype=torch.float64), v)
     with pytest.raises(ValueError, match=r"a.acc \(2, 4, 8\) and b.acc \(2, 4, 3\)"):
         merge_attention_states(state, _empty_state((2,), 4, 3))
+
+
+def test_sink_logit_folded_into_the_online_softmax():
+    """gpt-oss's sink logit folded once into the running (max, sum), at the start or at finalisation, over chunks
+    of keys: the dense reference (sink_softmax_attention) and PyTorch's kernel with one more zero-valued key."""
+    import math
+
+    import torch.nn.functional as F
+
+    from attncourse import fold_sink_logit, online_attention
+    from attncourse.sink_variants import sink_softmax_attention
+
+    g = torch.Generator().manual_seed(31)
+    q = torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64)  # (B, H, Tq, D)
+    k, v = (torch.randn(2, 3, 11, 8, generator=g, dtype=torch.float64) for _ in range(2))  # (B, H, Tk, D)
+    sinks = torch.tensor([-1.0, 0.5, 30.0], dtype=torch.float64)  # (H,): 30 dominates every score of its head
+    for causal in (False, True):
+        ref = sink_softmax_attention(q, k, v, sinks, is_causal=causal)
+        for at in ("start", "end"):
+            for chunk in (1, 4, 11):
+                out, lse = online_attention(q, k, v, is_causal=causal, chunk_size=chunk, sink_logits=sinks, sink_at=at)
+                torch.testing.assert_close(out, ref)
+                scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)  # (B, H, Tq, Tk)
+                if causal:
+                    scores = scores.masked_fill(~torch.ones(7, 11, dtype=torch.bool).tril(), float("-inf"))
+                full = torch.cat([scores, sinks.view(1, 3, 1, 1).expand(2, 3, 7, 1)], -1)  # the sink's column
+                torch.testing.assert_close(lse, torch.logsumexp(full, -1))
+    zero = torch.zeros(2, 3, 1, 8, dtype=torch.float64)  # (B, H, 1, D): the sink as a key with value 0
+    bias = torch.zeros(3, 7, 12, dtype=torch.float64)
+    bias[..., 11] = sinks[:, None]
+    torch.testing.assert_close(online_attention(q, k, v, chunk_size=3, sink_logits=sinks)[0],
+                               F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2),
+                                                              attn_mask=bias))
+    start = online_attention(q[..., :0, :], k, v, sink_logits=sinks)[0]  # no queries: shapes only
+    assert start.shape == (2, 3, 0, 8)
+    m = torch.full((2, 3, 7), float("-inf"), dtype=torch.float64)
+    state = fold_sink_logit((m, torch.zeros_like(m), torch.zeros(2, 3, 7, 8, dtype=torch.float64)), sinks[:, None])
+    torch.testing.assert_close(state[0], sinks[:, None].expand(2, 3, 7))  # the start state (s, 1, 0)
+    torch.testing.assert_close(state[1], torch.ones_like(m))
+    with pytest.raises(ValueError, match="sink_logits"):
+        online_attention(q, k, v, sink_logits=sinks[:2])
+    with pytest.raises(ValueError, match="sink_at"):
+        online_attention(q, k, v, sink_logits=sinks, sink_at="middle")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attncourse.heads import ablation_effects, induction_scores, planted_induction_model, repeated_tokens
-from attncourse.variants import DifferentialAttention, diff_lambda_init, differential_attention, sigmoid_attention
+from attncourse.variants import diff_lambda_init, differential_attention, sigmoid_attention
 from attncourse.vit import patchify
 from . import Case, exercise, forbidden
 
@@ -135,33 +135,47 @@ def _diff():
     return cases
 
 
+def _sink_row(n: int, x: float, s: float) -> tuple[float, float]:
+    """The package's answer for one query over n keys that all score x: (sink share of a gpt-oss row with sink
+    logit s, total weight of a sigmoid row with its bias -log n). Built from q = [x], keys = ones, D = 1."""
+    from attncourse.sink_variants import sink_softmax_attention
+    q = torch.full((1, 1, 1, 1), float(x), dtype=torch.float64)  # (B, H, Tq, D): q . k / sqrt(1) = x for every key
+    k = torch.ones(1, 1, n, 1, dtype=torch.float64)  # (B, H, n, D)
+    v = torch.zeros(1, 1, n, 1, dtype=torch.float64)
+    _, w = sink_softmax_attention(q, k, v, torch.tensor([float(s)], dtype=torch.float64), return_weights=True)
+    _, ws = sigmoid_attention(q, k, v, return_weights=True)
+    return 1 - w.sum().item(), ws.sum().item()
+
+
 @exercise("12-predict", "predicted", points=1, category="predict",
-          parts=("lambda_init at the first layer asked", "lambda_init at the second layer asked", "parameter count"),
-          forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init",
-                  "attncourse.DifferentialAttention", "attncourse.variants.DifferentialAttention"),
+          parts=("the sink's share of the row at n keys", "the sink logit that keeps that share at m keys",
+                 "a sigmoid row's total weight at n keys"),
+          forbid=("attncourse.sink_softmax_attention", "attncourse.sink_variants.sink_softmax_attention",
+                  "attncourse.SinkLogitAttention", "attncourse.sink_variants.SinkLogitAttention",
+                  "attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention",
+                  "attncourse.SigmoidAttention", "attncourse.variants.SigmoidAttention"),
           allow=(), ops=("torch",),
-          prop_doc="the prediction is written as a function of the layers and the layer's sizes so that no package "
-                   "call (the schedule, the layer's own parameters, the checker's) can stand in for it: equal values "
-                   "on every configuration are the skill",
-          hint="the schedule of the lesson's section 4 rises from its first-layer value towards its limit as the "
-               "layer number grows: evaluate the lesson's formula at the layers asked; for the count, add the square "
-               "projections (no bias), the four lambda vectors of the half-head width and the norm's gain over one "
-               "head's output features")
+          prop_doc="the prediction is a function of (n, m, x, s) checked on configurations drawn by the checker, so "
+                   "no printed number can stand in for it, and the package's sink and sigmoid attentions (and "
+                   "tensors) are refused: the three closed forms are the skill",
+          hint="write one row of each weighting with every real score equal to x: the sink is one more term in "
+               "the denominator, and its share is its term over the whole denominator; for the second part ask what "
+               "the sink logit must do to keep that ratio when the number of real terms changes; a sigmoid row has "
+               "no denominator shared by its keys: add up n equal weights")
 def _predict():
-    """Predict (lambda_init at layer_a, lambda_init at layer_b, parameters of DifferentialAttention(d_model,
-    n_heads)) as a function of (layer_a, layer_b, d_model, n_heads)."""
-    gen = torch.Generator().manual_seed(126)  # two more configurations, drawn (a salted grader draws others)
-    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
-    configs = [(8, 12, 128, 4)]
-    for _ in range(2):
-        heads = pick(1, 8)
-        configs.append((pick(1, 40), pick(1, 40), 2 * heads * pick(2, 16), heads))
+    """Predict, for one query over n keys that all score x: the share a gpt-oss sink logit s takes, the sink logit
+    that keeps that share over m keys, and the total weight of a sigmoid row (bias -log n)."""
+    gen = torch.Generator().manual_seed(126)  # configurations drawn here (a salted grader draws others)
     cases = []
-    for layer_a, layer_b, d_model, n_heads in configs:
-        count = sum(p.numel() for p in DifferentialAttention(d_model, n_heads).parameters())
-        cases.append(Case(f"layers {layer_a} and {layer_b}, DifferentialAttention({d_model}, {n_heads})",
-                          (layer_a, layer_b, d_model, n_heads),
-                          expected=(diff_lambda_init(layer_a), diff_lambda_init(layer_b), count), rtol=1e-4, atol=1e-6))
+    for i in range(4):
+        n = int(torch.randint(2, 5000, (1,), generator=gen))
+        m = int(torch.randint(2, 50000, (1,), generator=gen))
+        x = round(float(torch.empty(1).uniform_(-3, 3, generator=gen)), 3)
+        s = round(float(torch.empty(1).uniform_(-2, 8, generator=gen)), 3)
+        share, total = _sink_row(n, x, s)
+        s_m = s + math.log(m / n)  # checked against the package's row in tests/test_ch12_checks.py
+        cases.append(Case(f"n={n} keys, m={m}, every score x={x}, sink logit s={s}", (n, m, x, s),
+                          expected=(share, s_m, total), rtol=1e-6, atol=1e-9))
     return cases
 
 

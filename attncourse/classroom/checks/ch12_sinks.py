@@ -15,15 +15,22 @@ def _shortcut_sink(q, k, v, sink_logits, is_causal=False):
     return sink_softmax_attention(q, k, v, sink_logits, is_causal=is_causal)
 
 
+def _shortcut_online_sink(q, k, v, sink_logits, is_causal=False):
+    from attncourse.online_softmax import online_attention
+    return online_attention(q, k, v, is_causal=is_causal, sink_logits=sink_logits)[0]
+
+
 @exercise("12-sink-logit", "sink_attn", points=2, category="implement",
           forbid=("attncourse.sink_variants.sink_softmax_attention", "attncourse.sink_variants.SinkLogitAttention",
                   "attncourse.sdpa.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
-                  "torch.nn.functional.scaled_dot_product_attention"),
+                  "torch.nn.functional.scaled_dot_product_attention",
+                  "attncourse.online_softmax.online_attention", "attncourse.online_attention",
+                  "attncourse.online_softmax.fold_sink_logit", "attncourse.fold_sink_logit"),
           allow=(), ops=("attention", "softmax", "logsumexp"),
           prop_doc="a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300 and "
                    "near 3000, where exponentials without a shift overflow even in float64), causal or not, Tq != Tk, once softmax, logsumexp, "
                    "every fused attention and the package's sink attention are refused",
-          shortcuts=(_shortcut_sink,),
+          shortcuts=(_shortcut_sink, _shortcut_online_sink),
           hint="the row's normaliser is the sum of the exponentiated scores plus e^{s_h}; shift every exponent (the "
                "sink's too) by one reference before exponentiating, and block future keys with a score of minus "
                "infinity when asked")
