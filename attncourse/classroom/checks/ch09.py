@@ -245,10 +245,10 @@ def hbm_backward_reference(seq_len: int, head_dim: int, block_q: int, block_k: i
                    "so that neither the package's model nor the instrumented loop can stand in for it: equal counts "
                    "on every configuration, the exercise's and drawn ones whose N is not a multiple of either block "
                    "and whose blocks differ, with and without the causal mask, are the skill",
-          hint="walk the backward's two loops as the lesson's section 4 writes them: what is loaded once per key "
-               "block, what once per tile, what is written back and how often; under the causal mask a key block "
-               "starts at the first query block that holds a row it is visible to (a block boundary), and a last "
-               "block may be partial; do not forget the pass that computes D before the loops")
+          hint="take each tensor in section 4's gradient formulas and ask which block it belongs to (the key block "
+               "the outer loop holds on chip, or the query block a tile visits) and, for each result, which loop "
+               "owns it; then count the tiles the mask keeps on the block grid, partial last blocks included, and "
+               "everything the loops need before they can start")
 def _predict_hbm():
     """Predict the HBM elements read and written by the tiled backward (key blocks outside), as a function of
     (seq_len N, head_dim d, block_q, block_k, is_causal)."""
