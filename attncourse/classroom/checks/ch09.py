@@ -327,3 +327,140 @@ def _bf16_error():
         cases.append(Case(f"T={t}, inputs of scale {scale:g}", (q, k, v), expected=bf16_errors(q, k, v),
                           compare=_errors_close))
     return cases
+
+
+# ----------------------------------------------------------------------------- 5. implement: the tiled forward
+
+
+def _tiled_once(runs) -> str | None:
+    """The forward is tiled and one pass: queries are read one block of the grid at a time, keys and values one tile of
+    at most block_k rows on the block_k grid, each key tile once per query block (the online softmax, not a first
+    pass for the max), under the causal mask only the tiles that hold a key the block may see, and no operator takes
+    in a tensor larger than a tile of scores, a block of queries or a tile of keys (no row of T scores, no K glued back
+    together from its tiles)."""
+    for run in runs:
+        q, k, v, bq, bk, causal = run.case.args
+        t, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+        largest = max(bq, bk) * max(bq, bk, d, dv)  # entries of the largest tile any step needs, per (batch, head)
+        current, seen = None, set()
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            op = name.split("::")[-1].split(".")[0]
+            if _NO_READ.match(op):
+                continue
+            for label, _off, shape, _stride in tensors:
+                if len(shape) >= 2 and int(shape[-1]) * int(shape[-2]) > largest:
+                    return (f"case '{run.case.name}': an operator ({op}) took in a tensor of shape {tuple(shape)}, "
+                            f"larger than any tile of a {bq} x {bk} tiling ({largest} entries per head): a tiled "
+                            "forward holds one tile of scores at a time, never a row of all T scores or a whole K")
+            for tensor in tensors:
+                if tensor[0] == "arg0":
+                    a, b = _rows(tensor, d, t * d)
+                    if a % bq or b - a != min(bq, t - a):
+                        return (f"case '{run.case.name}': one operator read query rows {a}..{b - 1}, not a block of "
+                                f"the grid of {bq}-row blocks the call asks for: keep block_q as given")
+                    current = (a, b)
+            for tensor in tensors:
+                if tensor[0] not in ("arg1", "arg2"):
+                    continue
+                what, width = ("key", d) if tensor[0] == "arg1" else ("value", dv)
+                c, e = _rows(tensor, width, t * width)
+                if e - c > bk or c % bk:
+                    return (f"case '{run.case.name}': one operator read {what}s {c}..{e - 1}, not a tile of the grid "
+                            f"of {bk}-row tiles the call asks for: keep block_k as given")
+                if current is None:
+                    return f"case '{run.case.name}': {what}s were read before any block of queries"
+                if causal and c >= current[1]:
+                    return (f"case '{run.case.name}': for the queries {current[0]}..{current[1] - 1} your loop read "
+                            f"{what}s {c}..{e - 1}, which none of them may see under the causal mask: skip the tile")
+                if (current, what, c) in seen:
+                    return (f"case '{run.case.name}': your loop read {what}s {c}..{e - 1} twice for the queries "
+                            f"{current[0]}..{current[1] - 1}: one pass over the key tiles, with the running max and "
+                            "sum rescaled as the max grows, is the online softmax")
+                seen.add((current, what, c))
+    return None
+
+
+def _breaker_row_of_scores(q, k, v, block_q, block_k, is_causal):
+    """Keys read tile by tile, but the scores of a query block glued into a row of T and softmaxed at once."""
+    t, d = q.shape[-2], q.shape[-1]
+    outs, lses = [], []
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        end = q1 if is_causal else t
+        tiles = [q[..., q0:q1, :] @ k[..., k0:min(k0 + block_k, end), :].transpose(-2, -1) / math.sqrt(d)
+                 for k0 in range(0, end, block_k)]
+        s = torch.cat(tiles, dim=-1)  # (..., Bq, keys seen): a row of scores, not a tile
+        if is_causal:
+            rows, cols = torch.arange(q0, q1)[:, None], torch.arange(end)[None, :]
+            s = s.masked_fill(cols > rows, -math.inf)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        vs = torch.cat([v[..., k0:min(k0 + block_k, end), :] for k0 in range(0, end, block_k)], dim=-2)
+        outs.append((p @ vs) / p.sum(-1, keepdim=True))
+        lses.append((m + p.sum(-1, keepdim=True).log())[..., 0])
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def _breaker_two_pass(q, k, v, block_q, block_k, is_causal):
+    """Tiles of the right size, but a first pass over the key tiles for the row max, then a second for sum and output."""
+    t, d = q.shape[-2], q.shape[-1]
+    outs, lses = [], []
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        end = q1 if is_causal else t
+        rows = torch.arange(q0, q1)[:, None]
+
+        def scores(k0):
+            s = q[..., q0:q1, :] @ k[..., k0:min(k0 + block_k, end), :].transpose(-2, -1) / math.sqrt(d)
+            cols = torch.arange(k0, min(k0 + block_k, end))[None, :]
+            return s.masked_fill(cols > rows, -math.inf) if is_causal else s
+
+        m = None
+        for k0 in range(0, end, block_k):
+            tile_max = scores(k0).amax(-1, keepdim=True)
+            m = tile_max if m is None else torch.maximum(m, tile_max)
+        l, acc = 0, 0  # noqa: E741
+        for k0 in range(0, end, block_k):
+            p = torch.exp(scores(k0) - m)
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., k0:min(k0 + block_k, end), :]  # noqa: E741
+        outs.append(acc / l)
+        lses.append((m + l.log())[..., 0])
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+
+
+@exercise("09-tiled-forward", "tiled_attention", points=3, category="implement",
+          forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
+                  "attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
+                  "attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.merge_attention_states",
+                  "attncourse.flash_options.flash_attention_options", "torch.softmax", "torch.logsumexp"),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_tiled_once,
+          breakers=(_breaker_row_of_scores, _breaker_two_pass),
+          prop_doc="queries read one block of the grid at a time, keys and values one tile at a time and each tile "
+                   "once per query block, causal tiles beyond the block skipped, no tensor larger than a tile (every "
+                   "read and every operand, from the trace)",
+          title="The tiled forward: online softmax over key blocks",
+          hint="keep three things per query row while you walk the key tiles once: the largest score so far, the sum "
+               "of exponentials relative to it, and the output accumulated relative to it; when a tile raises the "
+               "max, rescale the other two by the exponential of the change. Under the causal mask a query block "
+               "stops at the tile that holds its last row's key, and that last tile still needs the mask")
+def _tiled_forward():
+    """(out, lse) of softmax(q k^T / sqrt(d)) v, tiled: block_q queries at a time against block_k keys at a time."""
+    gen = torch.Generator().manual_seed(31)
+    cases = []
+    for name, (lead, t, d, dv, bq, bk, causal, mult) in {
+        "T=45, blocks 16 x 8, no mask": ((2, 3), 45, 8, 8, 16, 8, False, 1.0),
+        "T=37, blocks 8 x 16, causal, Dv != D": ((1, 2), 37, 16, 5, 8, 16, True, 1.0),
+        "T=50, blocks 16 x 16, causal, scores x 20 (the max must be subtracted)": ((2,), 50, 8, 8, 16, 16, True, 20.0),
+        "T=61, blocks 8 x 4, no mask, scores x 20": ((1, 1), 61, 4, 6, 8, 4, False, 20.0),
+    }.items():
+        q = torch.randn(*lead, t, d, generator=gen, dtype=torch.float64) * mult
+        k = torch.randn(*lead, t, d, generator=gen, dtype=torch.float64)
+        v = torch.randn(*lead, t, dv, generator=gen, dtype=torch.float64)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # PyTorch's kernel
+        s = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., T, T), the reference's own scores
+        if causal:
+            s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        lse = torch.logsumexp(s, dim=-1)  # (..., T)
+        torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=causal))  # two references
+        cases.append(Case(name, (q, k, v, bq, bk, causal), expected=(out, lse), rtol=1e-7, atol=1e-9))
+    return cases
