@@ -332,52 +332,72 @@ def _bf16_error():
 # ----------------------------------------------------------------------------- 5. implement: the tiled forward
 
 
-def _tiled_once(runs) -> str | None:
-    """The forward is tiled and one pass: queries are read one block of the grid at a time, keys and values one tile of
-    at most block_k rows on the block_k grid, each key tile once per query block (the online softmax, not a first
-    pass for the max), under the causal mask only the tiles that hold a key the block may see, and no operator takes
-    in a tensor larger than a tile of scores, a block of queries or a tile of keys (no row of T scores, no K glued back
-    together from its tiles)."""
+def _keys_outside(runs) -> str | None:
+    """FlashAttention-1's order, from the trace: keys and values are read one tile of at most block_k rows on the
+    block_k grid and the loop never returns to a tile it has left (key tiles outside, each visited once), queries one
+    block of the grid at a time, under the causal mask no query block with a key tile none of its rows may see, and no
+    operator takes in a tensor whose last axis is wider than a tile (no row of all T scores, no K^T at once)."""
     for run in runs:
         q, k, v, bq, bk, causal = run.case.args
         t, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
-        largest = max(bq, bk) * max(bq, bk, d, dv)  # entries of the largest tile any step needs, per (batch, head)
-        current, seen = None, set()
+        widest = max(bk, d, dv)
+        cur_q, cur_k, left = None, {}, {"arg1": set(), "arg2": set()}
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = name.split("::")[-1].split(".")[0]
             if _NO_READ.match(op):
                 continue
-            for label, _off, shape, _stride in tensors:
-                if len(shape) >= 2 and int(shape[-1]) * int(shape[-2]) > largest:
+            for _label, _off, shape, _stride in tensors:
+                if len(shape) >= 1 and int(shape[-1]) > widest:
                     return (f"case '{run.case.name}': an operator ({op}) took in a tensor of shape {tuple(shape)}, "
-                            f"larger than any tile of a {bq} x {bk} tiling ({largest} entries per head): a tiled "
-                            "forward holds one tile of scores at a time, never a row of all T scores or a whole K")
+                            f"wider than any tile of the {bq} x {bk} tiling: a tiled forward holds one tile of scores "
+                            "at a time, never a row of all T scores or the whole of K")
             for tensor in tensors:
                 if tensor[0] == "arg0":
                     a, b = _rows(tensor, d, t * d)
                     if a % bq or b - a != min(bq, t - a):
                         return (f"case '{run.case.name}': one operator read query rows {a}..{b - 1}, not a block of "
                                 f"the grid of {bq}-row blocks the call asks for: keep block_q as given")
-                    current = (a, b)
-            for tensor in tensors:
-                if tensor[0] not in ("arg1", "arg2"):
-                    continue
-                what, width = ("key", d) if tensor[0] == "arg1" else ("value", dv)
-                c, e = _rows(tensor, width, t * width)
-                if e - c > bk or c % bk:
-                    return (f"case '{run.case.name}': one operator read {what}s {c}..{e - 1}, not a tile of the grid "
-                            f"of {bk}-row tiles the call asks for: keep block_k as given")
-                if current is None:
-                    return f"case '{run.case.name}': {what}s were read before any block of queries"
-                if causal and c >= current[1]:
-                    return (f"case '{run.case.name}': for the queries {current[0]}..{current[1] - 1} your loop read "
-                            f"{what}s {c}..{e - 1}, which none of them may see under the causal mask: skip the tile")
-                if (current, what, c) in seen:
-                    return (f"case '{run.case.name}': your loop read {what}s {c}..{e - 1} twice for the queries "
-                            f"{current[0]}..{current[1] - 1}: one pass over the key tiles, with the running max and "
-                            "sum rescaled as the max grows, is the online softmax")
-                seen.add((current, what, c))
+                    cur_q = (a, b)
+                elif tensor[0] in ("arg1", "arg2"):
+                    what, width = ("key", d) if tensor[0] == "arg1" else ("value", dv)
+                    c, e = _rows(tensor, width, t * width)
+                    if e - c > bk or c % bk:
+                        return (f"case '{run.case.name}': one operator read {what}s {c}..{e - 1}, not a tile of the "
+                                f"grid of {bk}-row tiles the call asks for: keep block_k as given")
+                    if c in left[tensor[0]]:
+                        return (f"case '{run.case.name}': your loop came back to {what}s {c}..{e - 1} after moving on "
+                                "to another tile: in this loop order each key tile is visited once, with every query "
+                                "block inside it")
+                    if tensor[0] in cur_k and cur_k[tensor[0]] != c:
+                        left[tensor[0]].add(cur_k[tensor[0]])
+                    cur_k[tensor[0]] = c
+            reads = {tensor[0] for tensor in tensors}
+            if causal and cur_q and "arg1" in cur_k and reads & {"arg0", "arg1"} and cur_q[1] - 1 < cur_k["arg1"]:
+                return (f"case '{run.case.name}': the queries {cur_q[0]}..{cur_q[1] - 1} met keys from "
+                        f"{cur_k['arg1']} on, which none of them may see under the causal mask: skip that block")
     return None
+
+
+def _breaker_query_outer(q, k, v, block_q, block_k, is_causal):
+    """The lesson's loop order (query blocks outside): right tiles, right skip, the other order."""
+    t, d = q.shape[-2], q.shape[-1]
+    outs, lses = [], []
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        m = q.new_full((*q.shape[:-2], q1 - q0, 1), -math.inf)
+        l = q.new_zeros(*q.shape[:-2], q1 - q0, 1)  # noqa: E741
+        acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])
+        for k0 in range(0, q1 if is_causal else t, block_k):
+            k1 = min(k0 + block_k, t)
+            s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
+            if is_causal:
+                s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+            l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k1, :], m_new  # noqa: E741
+        outs.append(acc / l)
+        lses.append((m + l.log())[..., 0])
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
 
 def _breaker_row_of_scores(q, k, v, block_q, block_k, is_causal):
@@ -401,50 +421,38 @@ def _breaker_row_of_scores(q, k, v, block_q, block_k, is_causal):
     return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
 
-def _breaker_two_pass(q, k, v, block_q, block_k, is_causal):
-    """Tiles of the right size, but a first pass over the key tiles for the row max, then a second for sum and output."""
-    t, d = q.shape[-2], q.shape[-1]
-    outs, lses = [], []
-    for q0 in range(0, t, block_q):
-        q1 = min(q0 + block_q, t)
-        end = q1 if is_causal else t
-        rows = torch.arange(q0, q1)[:, None]
-
-        def scores(k0):
-            s = q[..., q0:q1, :] @ k[..., k0:min(k0 + block_k, end), :].transpose(-2, -1) / math.sqrt(d)
-            cols = torch.arange(k0, min(k0 + block_k, end))[None, :]
-            return s.masked_fill(cols > rows, -math.inf) if is_causal else s
-
-        m = None
-        for k0 in range(0, end, block_k):
-            tile_max = scores(k0).amax(-1, keepdim=True)
-            m = tile_max if m is None else torch.maximum(m, tile_max)
-        l, acc = 0, 0  # noqa: E741
-        for k0 in range(0, end, block_k):
-            p = torch.exp(scores(k0) - m)
-            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., k0:min(k0 + block_k, end), :]  # noqa: E741
-        outs.append(acc / l)
-        lses.append((m + l.log())[..., 0])
-    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+def _shortcut_pytorch(q, k, v, block_q, block_k, is_causal):
+    """PyTorch's kernel for the output, torch.logsumexp over the full scores for the lse: must be refused."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal), torch.logsumexp(s, -1)
 
 
-@exercise("09-tiled-forward", "tiled_attention", points=3, category="implement",
+def _shortcut_package_flash(q, k, v, block_q, block_k, is_causal):
+    """The package's tiled forward: must be refused."""
+    from attncourse.flash import flash_attention_forward
+    return flash_attention_forward(q, k, v, is_causal=is_causal, block_q=block_q, block_k=block_k)
+
+
+@exercise("09-tiled-forward", "tiled_forward_keys_outside", points=3, category="implement",
           forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
                   "attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.merge_attention_states",
                   "attncourse.flash_options.flash_attention_options", "torch.softmax", "torch.logsumexp"),
-          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_tiled_once,
-          breakers=(_breaker_row_of_scores, _breaker_two_pass),
-          prop_doc="queries read one block of the grid at a time, keys and values one tile at a time and each tile "
-                   "once per query block, causal tiles beyond the block skipped, no tensor larger than a tile (every "
-                   "read and every operand, from the trace)",
-          title="The tiled forward: online softmax over key blocks",
-          hint="keep three things per query row while you walk the key tiles once: the largest score so far, the sum "
-               "of exponentials relative to it, and the output accumulated relative to it; when a tile raises the "
-               "max, rescale the other two by the exponential of the change. Under the causal mask a query block "
-               "stops at the tile that holds its last row's key, and that last tile still needs the mask")
+          shortcuts=(_shortcut_pytorch, _shortcut_package_flash),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_keys_outside,
+          breakers=(_breaker_row_of_scores, _breaker_query_outer),
+          prop_doc="key tiles outside, each visited once; queries read one block of the grid at a time; under the mask "
+                   "no query block that sees none of the tile; no operand wider than a tile (every read and every "
+                   "operand, from the trace)",
+          title="The tiled forward in FlashAttention-1's order: key tiles outside",
+          hint="with the key tiles outside, no query block's running state can stay on chip between two visits: it "
+               "must live in full-size tensors and be read, updated and written back, one block's rows at a time. "
+               "Work out what that state is and how it is rescaled when a later tile raises a row's max, and which "
+               "query blocks a key tile can matter to under the mask")
 def _tiled_forward():
-    """(out, lse) of softmax(q k^T / sqrt(d)) v, tiled: block_q queries at a time against block_k keys at a time."""
+    """(out, lse) of softmax(q k^T / sqrt(d)) v, tiled in FlashAttention-1's order: key tiles outside."""
     gen = torch.Generator().manual_seed(31)
     cases = []
     for name, (lead, t, d, dv, bq, bk, causal, mult) in {
