@@ -460,3 +460,57 @@ def test_tiled_forward_right_answer_and_other_routes_refused(tmp_path, monkeypat
         torch.testing.assert_close(route(*case.args), case.expected)
         msg, graded = refused("09-tiled-forward", route, tmp_path, monkeypatch)
         assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and word in msg, (route.__name__, msg)
+
+
+# ----------------------------------------------------------------------------- 4b. the study, graded
+
+
+def bf16_three(q, k, v):
+    from attncourse import flash_attention, scaled_dot_product_attention
+    t, d = q.shape[-2], q.shape[-1]
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+
+    def formula(q, k, v):
+        return torch.softmax((q @ k.mT / math.sqrt(d)).masked_fill(future, -math.inf), dim=-1) @ v
+
+    outs = (flash_attention(q, k, v, is_causal=True), formula(q.float(), k.float(), v.float()).to(torch.bfloat16),
+            formula(q, k, v))
+    return tuple(float((o.double() - exact).abs().max()) for o in outs)
+
+
+def study_of(draws):
+    e = torch.tensor(draws, dtype=torch.float64)
+    a, b = e[..., 0] / e[..., 1], e[..., 2] / e[..., 1]
+    return e, (float(a.min()), float(a.max())), (float(b.min()), float(b.max()))
+
+
+def bf16_study(seeds, shapes):
+    rows = []
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        rows.append([bf16_three(*((s * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3)))
+                     for t, s in shapes])
+    return study_of(rows)
+
+
+def one_generator_per_draw(seeds, shapes):
+    rows = []
+    for seed in seeds:
+        row = []
+        for t, s in shapes:
+            gen = torch.Generator().manual_seed(seed)  # the same generator restarted for every shape
+            row.append(bf16_three(*((s * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))))
+        rows.append(row)
+    return study_of(rows)
+
+
+def test_bf16_study_judges_the_measurement(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch09 import bf16_study_reference
+
+    accepted("09-bf16-study", bf16_study, tmp_path, monkeypatch)
+    typed = bf16_study_reference((0, 1, 2), ((64, 1.0), (300, 2.0)))  # one design's numbers, typed in
+    msg, graded = refused("09-bf16-study", lambda seeds, shapes: typed, tmp_path, monkeypatch)
+    assert "shape" in msg and "called" not in msg
+    msg, graded = refused("09-bf16-study", one_generator_per_draw, tmp_path, monkeypatch)
+    assert "draw the inputs exactly" in msg, msg

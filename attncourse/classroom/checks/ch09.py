@@ -472,3 +472,58 @@ def _tiled_forward():
         torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=causal))  # two references
         cases.append(Case(name, (q, k, v, bq, bk, causal), expected=(out, lse), rtol=1e-7, atol=1e-9))
     return cases
+
+
+# ----------------------------------------------------------------------------- 4b. experiment: the study itself
+
+
+def bf16_study_reference(seeds: tuple[int, ...], shapes: tuple[tuple[int, float], ...]):
+    """Reference: the study of exercise 4 over `seeds` x `shapes` ((T, scale) pairs), inputs drawn as the exercise
+    says (one generator per seed, q, k, v of shape (1, 2, T, 32) per shape in order, scaled, rounded to bfloat16):
+    (errors (seeds, shapes, 3) float64, (min, max) of tiled / same precision, (min, max) of all-bf16 / same)."""
+    rows = []
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        row = []
+        for t, scale in shapes:
+            q, k, v = ((scale * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))
+            row.append(bf16_errors(q, k, v))
+        rows.append(row)
+    errors = torch.tensor(rows, dtype=torch.float64)
+    tiling, precision = errors[..., 0] / errors[..., 1], errors[..., 2] / errors[..., 1]
+    return errors, (float(tiling.min()), float(tiling.max())), (float(precision.min()), float(precision.max()))
+
+
+def _study_close(got, expected):
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and isinstance(got[0], torch.Tensor)):
+        return f"expected (errors tensor, (min, max), (min, max)), got {type(got).__name__}"
+    errors, tiling, precision = got
+    if tuple(errors.shape) != tuple(expected[0].shape):
+        return (f"errors has shape {tuple(errors.shape)}, expected (seeds, shapes, 3) = {tuple(expected[0].shape)}: "
+                "one row per seed, one column per shape, in the order given")
+    for i, (name, tol) in enumerate(zip(("tiled", "untiled float32", "all-bfloat16"), (1e-4, 1e-3, 0.1))):
+        bad = ((errors[..., i].double() - expected[0][..., i]).abs() > tol * expected[0][..., i]).nonzero()
+        if len(bad):
+            s, j = bad[0].tolist()
+            return (f"the {name} error of seed #{s}, shape #{j} is not what the same measurement gives here: draw "
+                    "the inputs exactly as the exercise says (one generator per seed, q, k, v per shape in order)")
+    for name, g, e, tol in (("tiled / same precision", tiling, expected[1], 1e-3),
+                            ("all-bfloat16 / same precision", precision, expected[2], 0.1)):
+        if not (isinstance(g, (tuple, list)) and len(g) == 2
+                and all(abs(float(x) - y) <= tol * abs(y) for x, y in zip(g, e))):
+            return f"the (min, max) of {name} over the draws is not what your own errors give"
+    return None
+
+
+@exercise("09-bf16-study", "bf16_study", points=1, category="experiment",
+          allow=("attncourse.flash.flash_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+          hint="loop over the seeds, make one generator per seed, draw q, k, v for each shape in the order given, "
+               "call your bf16_errors_measured on each draw, and compute the two ratios from the errors you measured")
+def _bf16_study():
+    """The measurement of exercise 4 as a function of the design: every draw's three errors and the spread of the
+    two ratios that answer the question."""
+    cases = []
+    for seeds, shapes in (((0, 1, 2), ((64, 1.0), (300, 2.0))), ((5, 6, 7, 8), ((128, 0.5), (200, 3.0), (96, 1.5)))):
+        cases.append(Case(f"seeds {seeds}, (T, scale) in {shapes}", (seeds, shapes),
+                          expected=bf16_study_reference(seeds, shapes), compare=_study_close))
+    return cases
