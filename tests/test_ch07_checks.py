@@ -398,3 +398,39 @@ def test_dropped_mass_reference_and_closed_forms_refused():
     assert "called" in failure("07-window-dropped-mass", window_dropped_mass)
     # a closed form for uniform attention over the causal prefix, which ignores the scores
     failure("07-window-dropped-mass", lambda q, k, w, m: sum(max(i + 1 - w, 0) / (i + 1) for i in range(q.shape[0])) / q.shape[0])
+
+
+# ----------------------------------------------------------------------------- 6b. the study, graded
+
+
+def _dropped(q, k, window, slope):
+    t, d = q.shape
+    dist = torch.arange(t)[:, None] - torch.arange(t)[None, :]
+    probs = torch.softmax((q @ k.T / math.sqrt(d) - slope * dist).masked_fill(dist < 0, float("-inf")), dim=-1)
+    return probs[dist >= window].sum().item() / t
+
+
+def dropped_mass_study(seq_len, slopes, windows, seeds):
+    qk = {s: torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in seeds}
+    table = torch.tensor([[[_dropped(*qk[s], w, m) for w in windows] for s in seeds] for m in slopes],
+                         dtype=torch.float64)
+    return table, table.mean(1)
+
+
+def float32_draw(seq_len, slopes, windows, seeds):
+    """Draws in float32 (another random stream): not the draw the exercise states."""
+    qk = {s: torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(s)).double() for s in seeds}
+    table = torch.tensor([[[_dropped(*qk[s], w, m) for w in windows] for s in seeds] for m in slopes],
+                         dtype=torch.float64)
+    return table, table.mean(1)
+
+
+def test_dropped_mass_study_judges_the_measurement(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch07 import dropped_mass_study_reference
+
+    accepted("07-window-dropped-study", dropped_mass_study, tmp_path, monkeypatch)
+    typed = dropped_mass_study_reference(64, (0.25, 0.0625), (4, 16), (0, 1, 2))  # one design's numbers, typed in
+    msg, _ = refused("07-window-dropped-study", lambda t, m, w, s: typed, tmp_path, monkeypatch)
+    assert "shape" in msg and "called" not in msg
+    msg, _ = refused("07-window-dropped-study", float32_draw, tmp_path, monkeypatch)
+    assert "draw q and k exactly" in msg, msg

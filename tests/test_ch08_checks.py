@@ -381,3 +381,42 @@ def test_merge_bug_refused_and_fix_accepted(tmp_path, monkeypatch):
     accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
     for route in (merge_weights_acc_by_its_sum, merge_unguarded):
         refused("08-find-the-bug-1", route, tmp_path, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- 5b. the study, graded
+
+
+def _count(row, chunk_size):
+    best, rescales, rescaled = float(row[:chunk_size].max()), 0, 0
+    for start in range(chunk_size, row.shape[0], chunk_size):
+        top = float(row[start:start + chunk_size].max())
+        if top > best:
+            rescales, rescaled, best = rescales + 1, rescaled + start, top
+    return rescales, rescaled
+
+
+def rescale_study(n, chunk_size, drifts, seeds):
+    runs = torch.tensor([[_count(torch.randn(n, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                                 + d * torch.arange(n, dtype=torch.float64), chunk_size) for s in seeds]
+                         for d in drifts])
+    return runs, runs.double().mean(1)
+
+
+def shared_generator(n, chunk_size, drifts, seeds):
+    """One generator per seed, shared by the drifts: not the draw the exercise states."""
+    gens = {s: torch.Generator().manual_seed(s) for s in seeds}
+    runs = torch.tensor([[_count(torch.randn(n, generator=gens[s], dtype=torch.float64)
+                                 + d * torch.arange(n, dtype=torch.float64), chunk_size) for s in seeds]
+                         for d in drifts])
+    return runs, runs.double().mean(1)
+
+
+def test_rescale_study_judges_the_measurement(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch08 import rescale_study_reference
+
+    accepted("08-rescale-study", rescale_study, tmp_path, monkeypatch)
+    typed = rescale_study_reference(4096, 64, (0.0, 0.01), (0, 1, 2))  # one design's numbers, typed in
+    msg, _ = refused("08-rescale-study", lambda n, c, d, s: typed, tmp_path, monkeypatch)
+    assert "shape" in msg and "called" not in msg
+    msg, _ = refused("08-rescale-study", shared_generator, tmp_path, monkeypatch)
+    assert "draw each row exactly" in msg, msg

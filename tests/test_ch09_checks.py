@@ -392,3 +392,125 @@ def test_bf16_error_reference_constants_and_confounds_refused(tmp_path, monkeypa
     failure("09-bf16-error", lambda q, k, v: _bf16_measured(q, k, v, round_once=False))
     # a library attention for the all-bfloat16 method: it computes in float32 inside
     failure("09-bf16-error", lambda q, k, v: _bf16_measured(q, k, v, library_for_bf16=True))
+
+
+# ----------------------------------------------------------------------------- 5. the tiled forward, keys outside
+
+
+def tiled_forward_keys_outside(q, k, v, block_q, block_k, is_causal):
+    # q, k (..., T, D); v (..., T, Dv); returns out (..., T, Dv) and lse (..., T); key tiles in the outer loop
+    t, d = q.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(d)
+    m = q.new_full((*q.shape[:-1], 1), -math.inf)          # (..., T, 1): every row's running max, kept "in HBM"
+    l = q.new_zeros(*q.shape[:-1], 1)                      # (..., T, 1): running sums relative to m  # noqa: E741
+    acc = q.new_zeros(*q.shape[:-1], v.shape[-1])          # (..., T, Dv): unnormalised outputs relative to m
+    for k0 in range(0, t, block_k):                        # each key tile once
+        k1 = min(k0 + block_k, t)
+        k_j, v_j = k[..., k0:k1, :], v[..., k0:k1, :]      # (..., Bk, D), (..., Bk, Dv)
+        first = k0 // block_q * block_q if is_causal else 0   # query blocks before it see none of these keys
+        for q0 in range(first, t, block_q):
+            q1 = min(q0 + block_q, t)
+            s = q[..., q0:q1, :] @ k_j.transpose(-2, -1) * scale   # (..., Bq, Bk)
+            if is_causal and k1 - 1 > q0:                  # the tile crosses the diagonal
+                s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+            m_old = m[..., q0:q1, :]                       # this block's state, read back
+            m_new = torch.maximum(m_old, s.amax(-1, keepdim=True))   # finite: tile 0 came first for every row
+            p, alpha = torch.exp(s - m_new), torch.exp(m_old - m_new)
+            l[..., q0:q1, :] = alpha * l[..., q0:q1, :] + p.sum(-1, keepdim=True)   # written back
+            acc[..., q0:q1, :] = alpha * acc[..., q0:q1, :] + p @ v_j
+            m[..., q0:q1, :] = m_new
+    return acc / l, (m + l.log())[..., 0]
+
+
+def dense_forward(q, k, v, block_q, block_k, is_causal):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    return (p @ v) / p.sum(-1, keepdim=True), (m + p.sum(-1, keepdim=True).log())[..., 0]
+
+
+def keys_outside_no_skip(q, k, v, block_q, block_k, is_causal):
+    """Keys outside, right values, but every query block met by every key tile (masked, not skipped)."""
+    t, d = q.shape[-2], q.shape[-1]
+    m = q.new_full((*q.shape[:-1], 1), -math.inf)
+    l, acc = q.new_zeros(*q.shape[:-1], 1), q.new_zeros(*q.shape[:-1], v.shape[-1])  # noqa: E741
+    for k0 in range(0, t, block_k):
+        k1 = min(k0 + block_k, t)
+        for q0 in range(0, t, block_q):
+            q1 = min(q0 + block_q, t)
+            s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
+            if is_causal:
+                s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+            m_old = m[..., q0:q1, :]
+            m_new = torch.maximum(m_old, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p, alpha = torch.exp(s - safe), torch.exp(m_old - safe)
+            l[..., q0:q1, :] = alpha * l[..., q0:q1, :] + p.sum(-1, keepdim=True)
+            acc[..., q0:q1, :] = alpha * acc[..., q0:q1, :] + p @ v[..., k0:k1, :]
+            m[..., q0:q1, :] = m_new
+    return acc / l, (m + l.log())[..., 0]
+
+
+def test_tiled_forward_right_answer_and_other_routes_refused(tmp_path, monkeypatch):
+    accepted("09-tiled-forward", tiled_forward_keys_outside, tmp_path, monkeypatch)
+    case = checks.get("09-tiled-forward").make_cases()[1]  # causal, Dv != D
+    for route, word in ((dense_forward, "wider than any tile"), (keys_outside_no_skip, "skip that block")):
+        torch.testing.assert_close(route(*case.args), case.expected)
+        msg, graded = refused("09-tiled-forward", route, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and word in msg, (route.__name__, msg)
+
+
+# ----------------------------------------------------------------------------- 4b. the study, graded
+
+
+def bf16_three(q, k, v):
+    from attncourse import flash_attention, scaled_dot_product_attention
+    t, d = q.shape[-2], q.shape[-1]
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+
+    def formula(q, k, v):
+        return torch.softmax((q @ k.mT / math.sqrt(d)).masked_fill(future, -math.inf), dim=-1) @ v
+
+    outs = (flash_attention(q, k, v, is_causal=True), formula(q.float(), k.float(), v.float()).to(torch.bfloat16),
+            formula(q, k, v))
+    return tuple(float((o.double() - exact).abs().max()) for o in outs)
+
+
+def study_of(draws):
+    e = torch.tensor(draws, dtype=torch.float64)
+    a, b = e[..., 0] / e[..., 1], e[..., 2] / e[..., 1]
+    return e, (float(a.min()), float(a.max())), (float(b.min()), float(b.max()))
+
+
+def bf16_study(seeds, shapes):
+    rows = []
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        rows.append([bf16_three(*((s * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3)))
+                     for t, s in shapes])
+    return study_of(rows)
+
+
+def one_generator_per_draw(seeds, shapes):
+    rows = []
+    for seed in seeds:
+        row = []
+        for t, s in shapes:
+            gen = torch.Generator().manual_seed(seed)  # the same generator restarted for every shape
+            row.append(bf16_three(*((s * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))))
+        rows.append(row)
+    return study_of(rows)
+
+
+def test_bf16_study_judges_the_measurement(tmp_path, monkeypatch):
+    from attncourse.classroom.checks.ch09 import bf16_study_reference
+
+    accepted("09-bf16-study", bf16_study, tmp_path, monkeypatch)
+    typed = bf16_study_reference((0, 1, 2), ((64, 1.0), (300, 2.0)))  # one design's numbers, typed in
+    msg, graded = refused("09-bf16-study", lambda seeds, shapes: typed, tmp_path, monkeypatch)
+    assert "shape" in msg and "called" not in msg
+    msg, graded = refused("09-bf16-study", one_generator_per_draw, tmp_path, monkeypatch)
+    assert "draw the inputs exactly" in msg, msg

@@ -369,3 +369,45 @@ def _dropped_mass_cases():
 def _dropped_mass():
     """Measure how much full-causal attention a sliding window throws away, per ALiBi slope, over seeds."""
     return _dropped_mass_cases()
+
+
+# ----------------------------------------------------------------------------- 6b. experiment: the study itself
+
+
+def dropped_mass_study_reference(seq_len: int, slopes: tuple[float, ...], windows: tuple[int, ...],
+                                 seeds: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: the study of exercise 6, inputs drawn as the exercise says (per seed,
+    ``q, k = torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)``):
+    (the dropped weight, float64 (slopes, seeds, windows); its mean over seeds, (slopes, windows))."""
+    qk = {s: torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+          for s in seeds}
+    table = torch.tensor([[[window_dropped_mass(qk[s][0], qk[s][1], w, m) for w in windows] for s in seeds]
+                          for m in slopes], dtype=torch.float64)
+    return table, table.mean(1)
+
+
+def _dropped_study_close(got, expected):
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(x, torch.Tensor) for x in got)):
+        return f"expected (table, mean), two tensors, got {type(got).__name__}"
+    table, mean = got
+    if tuple(table.shape) != tuple(expected[0].shape):
+        return (f"table has shape {tuple(table.shape)}, expected (slopes, seeds, windows) = "
+                f"{tuple(expected[0].shape)}, in the order given")
+    if not torch.allclose(table.double(), expected[0], rtol=1e-6, atol=1e-9):
+        return ("some dropped weights are not what the same measurement gives here: draw q and k exactly as the "
+                "exercise says, one generator per seed")
+    if tuple(mean.shape) != tuple(expected[1].shape) or not torch.allclose(mean.double(), expected[1], rtol=1e-6,
+                                                                            atol=1e-9):
+        return "the mean over seeds is not the mean of your own table"
+    return None
+
+
+@exercise("07-window-dropped-study", "dropped_mass_study", points=1, category="experiment", allow=(),
+          hint="one generator per seed, q and k drawn together as the exercise says; your dropped_mass for every "
+               "slope, seed and window, stacked in that order; the mean is over the seeds")
+def _dropped_study():
+    """The measurement of exercise 6 as a function of its design: the dropped weight per slope, seed and window."""
+    return [Case(f"T={t}, slopes {m}, windows {w}, seeds {s}", (t, m, w, s),
+                 expected=dropped_mass_study_reference(t, m, w, s), compare=_dropped_study_close)
+            for t, m, w, s in ((64, (0.25, 0.0625), (4, 16), (0, 1, 2)),
+                               (48, (0.5, 0.125, 1 / 32), (2, 8, 24), (3, 4, 5, 6)))]

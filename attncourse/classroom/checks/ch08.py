@@ -345,3 +345,42 @@ def _rescale_cost():
     """Count the rescaling events and the elements they touch, on rows the check draws."""
     return [Case(name, (row, chunk), expected=rescale_cost(row, chunk), compare="equal")
             for name, row, chunk in _rescale_rows()]
+
+
+# ----------------------------------------------------------------------------- 5b. experiment: the study itself
+
+
+def rescale_study_reference(n: int, chunk_size: int, drifts: tuple[float, ...], seeds: tuple[int, ...]):
+    """Reference: the study of exercise 5 over `drifts` x `seeds`, each row drawn as the exercise says
+    (``torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + drift * arange(n)``):
+    (runs, an int64 tensor (drifts, seeds, 2) of (rescales, elements rescaled), and their mean over seeds, float64
+    (drifts, 2))."""
+    runs = torch.tensor([[rescale_cost(torch.randn(n, generator=torch.Generator().manual_seed(seed),
+                                                   dtype=torch.float64) + drift * torch.arange(n, dtype=torch.float64),
+                                       chunk_size) for seed in seeds] for drift in drifts], dtype=torch.int64)
+    return runs, runs.double().mean(1)
+
+
+def _rescale_study_close(got, expected):
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(x, torch.Tensor) for x in got)):
+        return f"expected (runs, mean), two tensors, got {type(got).__name__}"
+    runs, mean = got
+    if tuple(runs.shape) != tuple(expected[0].shape):
+        return (f"runs has shape {tuple(runs.shape)}, expected (drifts, seeds, 2) = {tuple(expected[0].shape)}: one "
+                "row per drift, one column per seed, in the order given")
+    if not torch.equal(runs.long(), expected[0]):
+        return ("some (rescales, elements rescaled) are not what the same measurement gives here: draw each row "
+                "exactly as the exercise says, with its own generator per seed")
+    if tuple(mean.shape) != tuple(expected[1].shape) or not torch.allclose(mean.double(), expected[1]):
+        return "the mean over seeds is not the mean of your own runs"
+    return None
+
+
+@exercise("08-rescale-study", "rescale_study", points=1, category="experiment", allow=(),
+          hint="for each drift, for each seed, draw the row as the exercise says, count with your "
+               "rescale_cost_measured, and stack the counts; the mean is over the seeds")
+def _rescale_study():
+    """The measurement of exercise 5 as a function of its design: every run's counts and their mean over seeds."""
+    return [Case(f"n={n}, chunk_size={c}, drifts {d}, seeds {s}", (n, c, d, s),
+                 expected=rescale_study_reference(n, c, d, s), compare=_rescale_study_close)
+            for n, c, d, s in ((4096, 64, (0.0, 0.01), (0, 1, 2)), (1500, 16, (0.0, 0.002, 0.05), (3, 4, 5, 6)))]
