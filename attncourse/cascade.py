@@ -1,7 +1,7 @@
 r"""Cascade attention (FlashInfer's "cascade inference"; vLLM's ``cascade_attention``): attention for many requests
 that share a prompt prefix, with the shared prefix read once for all of them (chapter 11).
 
-A prefix cache (:class:`~attncourse.PrefixCache`, :class:`~attncourse.RadixCache`) already stores a shared
+A prefix cache (:class:`~attncourse.PrefixCache`, :class:`~attncourse.radix_cache.RadixCache`) already stores a shared
 system prompt once; plain decoding still reads its keys and values once *per request*. Attention over
 ``[prefix; suffix_r]`` splits over the two key sets, because softmax attention over a union of keys is the merge of
 the two partial results by their log-sum-exps (the online softmax of chapter 08):

@@ -135,50 +135,6 @@ def _diff():
     return cases
 
 
-def _sink_row(n: int, x: float, s: float) -> tuple[float, float]:
-    """The package's answer for one query over n keys that all score x: (sink share of a gpt-oss row with sink
-    logit s, total weight of a sigmoid row with its bias -log n). Built from q = [x], keys = ones, D = 1."""
-    from attncourse.sink_variants import sink_softmax_attention
-    q = torch.full((1, 1, 1, 1), float(x), dtype=torch.float64)  # (B, H, Tq, D): q . k / sqrt(1) = x for every key
-    k = torch.ones(1, 1, n, 1, dtype=torch.float64)  # (B, H, n, D)
-    v = torch.zeros(1, 1, n, 1, dtype=torch.float64)
-    _, w = sink_softmax_attention(q, k, v, torch.tensor([float(s)], dtype=torch.float64), return_weights=True)
-    _, ws = sigmoid_attention(q, k, v, return_weights=True)
-    return 1 - w.sum().item(), ws.sum().item()
-
-
-@exercise("12-predict", "predicted", points=1, category="predict",
-          parts=("the sink's share of the row at n keys", "the sink logit that keeps that share at m keys",
-                 "a sigmoid row's total weight at n keys"),
-          forbid=("attncourse.sink_softmax_attention", "attncourse.sink_variants.sink_softmax_attention",
-                  "attncourse.SinkLogitAttention", "attncourse.sink_variants.SinkLogitAttention",
-                  "attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention",
-                  "attncourse.SigmoidAttention", "attncourse.variants.SigmoidAttention"),
-          allow=(), ops=("torch",),
-          prop_doc="the prediction is a function of (n, m, x, s) checked on configurations drawn by the checker, so "
-                   "no printed number can stand in for it, and the package's sink and sigmoid attentions (and "
-                   "tensors) are refused: the three closed forms are the skill",
-          hint="write one row of each weighting with every real score equal to x: the sink is one more term in "
-               "the denominator, and its share is its term over the whole denominator; for the second part ask what "
-               "the sink logit must do to keep that ratio when the number of real terms changes; a sigmoid row has "
-               "no denominator shared by its keys: add up n equal weights")
-def _predict():
-    """Predict, for one query over n keys that all score x: the share a gpt-oss sink logit s takes, the sink logit
-    that keeps that share over m keys, and the total weight of a sigmoid row (bias -log n)."""
-    gen = torch.Generator().manual_seed(126)  # configurations drawn here (a salted grader draws others)
-    cases = []
-    for i in range(4):
-        n = int(torch.randint(2, 5000, (1,), generator=gen))
-        m = int(torch.randint(2, 50000, (1,), generator=gen))
-        x = round(float(torch.empty(1).uniform_(-3, 3, generator=gen)), 3)
-        s = round(float(torch.empty(1).uniform_(-2, 8, generator=gen)), 3)
-        share, total = _sink_row(n, x, s)
-        s_m = s + math.log(m / n)  # checked against the package's row in tests/test_ch12_checks.py
-        cases.append(Case(f"n={n} keys, m={m}, every score x={x}, sink logit s={s}", (n, m, x, s),
-                          expected=(share, s_m, total), rtol=1e-6, atol=1e-9))
-    return cases
-
-
 def _random_maps(gen: torch.Generator, lead: tuple, t: int) -> torch.Tensor:
     s = torch.randn(*lead, t, t, generator=gen, dtype=torch.float64) * 2
     s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))  # causal
