@@ -28,7 +28,8 @@ def test_full_width_beam_is_exhaustive_search_and_scores_are_teacher_forced_logp
     model = build_model("dot", Seq2SeqConfig(**SMALL, num_digits=2, seed=1)).eval()
     vocab = model.config.vocab_size
     src, n = torch.tensor([3, 2, 3]), 3
-    every = {seq: sequence_logprob(model, src, n, torch.tensor(seq)) for seq in itertools.product(range(vocab), repeat=n)}
+    every = {seq: sequence_logprob(model, src, n, torch.tensor(seq))
+             for seq in itertools.product(range(vocab), repeat=n)}
     best = max(every, key=every.get)
     tokens, score = beam_search(model, src, n, width=vocab ** (n - 1))  # keeps every prefix: exhaustive
     assert tuple(tokens.tolist()) == best and score == pytest.approx(every[best], abs=1e-5)
