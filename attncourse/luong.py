@@ -60,3 +60,18 @@ class LuongSeq2Seq(Seq2Seq):
             weights.append(step_weights)
             token = tgt[:, t] if tgt is not None else step_logits.argmax(-1)  # teacher forcing, or greedy
         return torch.stack(logits, dim=1), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
+
+
+def train_input_feeding(input_feeding: bool, seed: int, config: Seq2SeqConfig | None = None,
+                        lengths: list[int] | None = None, n: int = 200) -> list[float]:
+    """Train a general-score :class:`LuongSeq2Seq` (with or without input feeding; `seed` sets its initialisation
+    and its batches) and return its greedy digit accuracy at each of `lengths` (default min_len..max_len)."""
+    from dataclasses import replace
+
+    from .seq2seq import accuracy_by_length, train
+
+    c = replace(config or Seq2SeqConfig(batch_size=32), seed=seed)
+    torch.manual_seed(seed)
+    model = LuongSeq2Seq(c, "general", input_feeding=input_feeding)
+    train(model, progress=False)
+    return list(accuracy_by_length(model, lengths, n).values())
