@@ -61,3 +61,20 @@ def test_general_identity_starts_as_dot_and_its_stored_run_is_what_the_code_trai
     assert stored["batch_size"] == 32 and stored["steps"] == config.steps and stored["lengths"] == lengths
     run = run_seeds(["general-identity"], (2,), config, lengths=lengths, n=200, progress=False)["general-identity"]
     torch.testing.assert_close(accuracy_rows(run, lengths)[0], torch.tensor(stored["accuracy"][2]), rtol=0, atol=0.005)
+
+
+def test_stored_input_feeding_run_is_what_the_code_trains():
+    """results/ch02_input_feeding.json is what the lesson's cell trains (train_input_feeding; seed 1 without
+    feeding retrained here, the faster of the two)."""
+    from attncourse.luong import train_input_feeding
+
+    nb = nbformat.read(ROOT / "notebooks" / "02_luong_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_FEED =" in c.source)
+    assert "Seq2SeqConfig(batch_size=32)" in cell and "train_input_feeding(flag, seed, feed_config, lengths, 200)" in cell
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch02_input_feeding.json").read_text())
+    config = Seq2SeqConfig(batch_size=32)
+    lengths = list(range(config.min_len, config.max_len + 1))
+    assert stored["batch_size"] == 32 and stored["steps"] == config.steps and stored["lengths"] == lengths
+    assert all(torch.tensor(a).shape == (3, len(lengths)) for a in stored["accuracy"].values())
+    row = train_input_feeding(False, 1, config, lengths, 200)
+    torch.testing.assert_close(torch.tensor(row), torch.tensor(stored["accuracy"]["no feeding"][1]), rtol=0, atol=0.005)

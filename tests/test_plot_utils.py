@@ -28,6 +28,18 @@ def test_heads_grid_titles_every_panel():
     plt.close("all")
 
 
+def test_heads_grid_panels_share_one_colour_scale():
+    weights = torch.rand(3, 2, 4)
+    weights[1] *= 0.1                                   # a head with small weights must not get its own scale
+    weights[2, 0, 0] = float("-inf")                    # blocked cells do not set the scale
+    fig = plot.heads_grid(weights, title="three heads")
+    panels = [ax for ax in fig.axes if ax.get_title().startswith("head ")]
+    finite = weights[torch.isfinite(weights)]
+    for ax in panels:
+        assert ax.collections[0].get_clim() == pytest.approx((finite.min().item(), finite.max().item()))
+    plt.close("all")
+
+
 def test_masks_side_by_side():
     fig = plot.masks_side_by_side({"a": torch.ones(3, 3, dtype=torch.bool), "b": torch.eye(3, dtype=torch.bool)})
     assert [ax.get_title() for ax in fig.axes[:2]] == ["a", "b"]
