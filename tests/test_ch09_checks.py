@@ -453,7 +453,30 @@ def keys_outside_no_skip(q, k, v, block_q, block_k, is_causal):
     return acc / l, (m + l.log())[..., 0]
 
 
+def keys_outside_flat_statistics(q, k, v, block_q, block_k, is_causal):
+    """The same algorithm with each row's max and sum kept as (..., T) and a block's as (..., B_q), no keepdim, and
+    the lse taken over all T rows at the end (review 8: refused as "wider than any tile" before)."""
+    t, d = q.shape[-2], q.shape[-1]
+    m = q.new_full(q.shape[:-1], -math.inf)                # (..., T)
+    l, acc = q.new_zeros(q.shape[:-1]), q.new_zeros(*q.shape[:-1], v.shape[-1])  # noqa: E741
+    for k0 in range(0, t, block_k):
+        k1 = min(k0 + block_k, t)
+        for q0 in range(k0 // block_q * block_q if is_causal else 0, t, block_q):
+            q1 = min(q0 + block_q, t)
+            s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)   # (..., Bq, Bk)
+            if is_causal and k1 - 1 > q0:
+                s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+            m_old = m[..., q0:q1]                          # (..., Bq)
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p, alpha = torch.exp(s - m_new[..., None]), torch.exp(m_old - m_new)
+            l[..., q0:q1] = alpha * l[..., q0:q1] + p.sum(-1)
+            acc[..., q0:q1, :] = alpha[..., None] * acc[..., q0:q1, :] + p @ v[..., k0:k1, :]
+            m[..., q0:q1] = m_new
+    return acc / l[..., None], m + torch.log(l)
+
+
 def test_tiled_forward_right_answer_and_other_routes_refused(tmp_path, monkeypatch):
+    accepted("09-tiled-forward", keys_outside_flat_statistics, tmp_path, monkeypatch)
     accepted("09-tiled-forward", tiled_forward_keys_outside, tmp_path, monkeypatch)
     case = checks.get("09-tiled-forward").make_cases()[1]  # causal, Dv != D
     for route, word in ((dense_forward, "wider than any tile"), (keys_outside_no_skip, "skip that block")):
@@ -506,7 +529,7 @@ def one_generator_per_draw(seeds, shapes):
 
 
 def test_bf16_study_judges_the_measurement(tmp_path, monkeypatch):
-    from attncourse.classroom.checks.ch09 import bf16_study_reference
+    from attncourse.classroom.checks.ch09_tiled import bf16_study_reference
 
     accepted("09-bf16-study", bf16_study, tmp_path, monkeypatch)
     typed = bf16_study_reference((0, 1, 2), ((64, 1.0), (300, 2.0)))  # one design's numbers, typed in
