@@ -82,7 +82,15 @@ def test_cache_mask_every_triangle_spelling_refused():
         keep = tril(ones, k - q)
         return torch.from_numpy(keep if w is None else keep & ~tril(ones, k - q - w))
 
-    for answer in (aten_default, by_getattr, triu_negated, numpy_tri, numpy_import):
+    def in_place(q, k, w=None):  # review 8: Tensor.tril_ passed (2/2 in the grader)
+        keep = torch.ones(q, k, dtype=torch.bool).tril_(k - q)
+        return keep if w is None else keep & ~torch.ones(q, k, dtype=torch.bool).tril_(k - q - w)
+
+    def in_place_triu(q, k, w=None):
+        keep = ~torch.ones(q, k, dtype=torch.bool).triu_(k - q + 1)
+        return keep if w is None else keep & torch.ones(q, k, dtype=torch.bool).triu_(k - q - w + 1)
+
+    for answer in (aten_default, by_getattr, triu_negated, numpy_tri, numpy_import, in_place, in_place_triu):
         assert "called" in failure("07-cache-mask", answer), answer.__name__
 
 

@@ -36,7 +36,7 @@ def _reference_cache_mask(q_len: int, k_len: int, window: int | None) -> torch.T
                                     "numpy.tri", "numpy.tril_indices", "numpy.triu_indices", "numpy.ma.mask_rowcols"),
           shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks, _shortcut_cache_mask_aten,
                      _shortcut_cache_mask_numpy), allow=(),
-          ops=("aten::tril", "aten::triu", "aten::tril_indices", "aten::triu_indices"),
+          ops=("aten::tril", "aten::triu", "aten::tril_", "aten::triu_", "aten::tril_indices", "aten::triu_indices"),
           prop_doc="a mask is its entries: equality on every alignment and window (wider than Tk, of 1, none) is the "
                    "property",
           hint="the lesson's section 2 shows where the new queries sit among the keys; a window adds one more "
