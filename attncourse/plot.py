@@ -122,13 +122,17 @@ def line_plot(x: Sequence[float], curves: Mapping[str, Sequence[float]], *, titl
               ylabel: str, ax: plt.Axes | None = None, logx: bool = False, logy: bool = False,
               vline: float | None = None, vline_label: str | None = None, marker: str = "o") -> plt.Axes:
     """One line per entry of `curves` (name -> y values at `x`), with an optional vertical marker line
-    (e.g. the training length); log axes on request."""
+    (e.g. the training length); log axes on request. Lines are told apart by colour (Okabe-Ito), line style and,
+    unless ``marker=""``, marker: `marker` is the first curve's, the others take the next of :data:`MARKERS`."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.8))
-    for name, ys in curves.items():
+    first = MARKERS.index(marker) if marker in MARKERS else 0
+    for i, (name, ys) in enumerate(curves.items()):
         if len(ys) != len(x):
             raise ValueError(f"curve {name!r} has {len(ys)} values for {len(x)} x positions")
-        ax.plot(x, _to_numpy(ys), marker=marker, label=name)
+        mark = "" if marker == "" else (marker if i == 0 else MARKERS[(first + i) % len(MARKERS)])
+        ax.plot(x, _to_numpy(ys), marker=mark, ls=LINE_STYLES[i % len(LINE_STYLES)],
+                color=OKABE_ITO[i % len(OKABE_ITO)], label=name)
     if vline is not None:
         ax.axvline(vline, color="grey", ls="--", lw=1, label=vline_label)
     ax.set_xscale("log" if logx else "linear")
@@ -143,6 +147,7 @@ def line_plot(x: Sequence[float], curves: Mapping[str, Sequence[float]], *, titl
 # Okabe & Ito's palette (distinguishable with the common colour-vision deficiencies), black first left out.
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINE_STYLES = ("-", "--", "-.", ":")
 
 
 def seed_spread(x: Sequence[float], runs: Mapping[str, Sequence[Sequence[float]]], *, title: str, xlabel: str,

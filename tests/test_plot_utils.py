@@ -93,6 +93,20 @@ def test_line_plot_labels_curves_and_marker_line():
     plt.close("all")
 
 
+def test_line_plot_tells_curves_apart_without_colour():
+    """Each curve: its own Okabe-Ito colour and its own line style, and its own marker unless marker="" (review 8:
+    the helper drew matplotlib's default red and green, told apart by colour only)."""
+    curves = {name: [1.0 + i, 2.0, 3.0] for i, name in enumerate("abcde")}
+    for marker in ("o", ""):
+        ax = plot.line_plot([1, 2, 3], curves, title="t", xlabel="x", ylabel="y", marker=marker)
+        lines = ax.get_lines()
+        assert [matplotlib.colors.to_hex(ln.get_color()) for ln in lines] == [c.lower() for c in plot.OKABE_ITO[:5]]
+        assert len({ln.get_linestyle() for ln in lines[:4]}) == 4
+        marks = [ln.get_marker() for ln in lines]
+        assert marks == ([""] * 5 if marker == "" else list(plot.MARKERS[:5])), marks
+        plt.close("all")
+
+
 def test_line_plot_rejects_length_mismatch():
     with pytest.raises(ValueError, match=r"curve 'a' has 2 values for 3 x positions"):
         plot.line_plot([1, 2, 3], {"a": [1.0, 2.0]}, title="t", xlabel="x", ylabel="y")
