@@ -169,7 +169,16 @@ def test_encoder_alibi(tmp_path, monkeypatch):
     checks.check("06-find-the-bug-2", encoder_alibi_bias)
     checks.check("06-encoder-alibi", encoder_alibi_bias)  # the earlier id still grades
     assert graded("06-find-the-bug-2", encoder_alibi_bias, tmp_path, monkeypatch) == "passed"
-    refused("06-find-the-bug-2", lambda h, t: alibi_bias(h, t), tmp_path, monkeypatch)  # the buggy one calls it too
+    refused("06-find-the-bug-2", lambda h, t: alibi_bias(h, t), tmp_path, monkeypatch)  # the decoder's bias
+
+    def buggy(n_heads, seq_len):  # the notebook's: right on the middle query and the last one only
+        pos = torch.arange(seq_len)
+        signed = (pos[None, :] - pos[:, None]).float()
+        before = alibi_slopes(n_heads)[:, None, None] * signed
+        return torch.where(signed <= 0, before, before.flip(-1))
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("06-find-the-bug-2", buggy)
     for route in (lambda h, t: -alibi_bias(h, t).abs(),
                   lambda h, t: -alibi_bias_at(alibi_slopes(h), torch.arange(t), torch.arange(t)).abs(),
                   ch06._encoder_bias_reference):
@@ -199,48 +208,60 @@ def test_rope_decay(tmp_path, monkeypatch):
     refused("06-rope-decay", rope_closed_form, tmp_path, monkeypatch, called=False)
 
 
-# ----------------------------------------------------------------------------- 4. predict a bias entry, as a rule
+# ----------------------------------------------------------------------------- 4. predict a weight, as a rule
 
 
-def predicted_bias(n_heads, head, query, key):
+def slope_rule(n_heads, head):
     closest = 2 ** math.floor(math.log2(n_heads))
     if head < closest:
-        slope = 2 ** (-8 * (head + 1) / closest)
-    else:  # every other slope of twice as many heads
-        slope = 2 ** (-8 * (2 * (head - closest) + 1) / (2 * closest))
-    return slope * (key - query)
+        return 2 ** (-8 * (head + 1) / closest)
+    return 2 ** (-8 * (2 * (head - closest) + 1) / (2 * closest))  # every other slope of twice as many heads
 
 
-def bias_geometric(n_heads, head, query, key):  # 2^(-8 (h + 1) / H) for every H: right for powers of two only
-    return 2 ** (-8 * (head + 1) / n_heads) * (key - query)
+def predicted_weight(n_heads, head, query, key):
+    r = math.exp(-slope_rule(n_heads, head))
+    return r ** (query - key) * (1 - r) / (1 - r ** (query + 1))
 
 
-def bias_positive_distance(n_heads, head, query, key):  # the sign of the distance forgotten
-    return abs(predicted_bias(n_heads, head, query, key))
+def weight_geometric_slopes(n_heads, head, query, key):  # 2^(-8 (h + 1) / H) for every H: right for powers of two
+    r = math.exp(-(2 ** (-8 * (head + 1) / n_heads)))
+    return r ** (query - key) * (1 - r) / (1 - r ** (query + 1))
+
+
+def weight_unnormalised(n_heads, head, query, key):  # exp of the bias, the softmax's sum forgotten
+    return math.exp(-slope_rule(n_heads, head) * (query - key))
+
+
+def weight_wrong_sign(n_heads, head, query, key):  # the far keys favoured
+    return predicted_weight(n_heads, head, query, query - key)
 
 
 def test_predict_bias_is_a_rule(tmp_path, monkeypatch):
     from test_salting import SALT, _grader as salted_grader
 
     ex = checks.get("06-predict-bias")
-    checks.check("06-predict-bias", predicted_bias)
-    assert graded("06-predict-bias", predicted_bias, tmp_path, monkeypatch) == "passed"
-    assert salted_grader(ex, predicted_bias, SALT, tmp_path, monkeypatch)[0] == "passed"
+    checks.check("06-predict-bias", predicted_weight)
+    assert graded("06-predict-bias", predicted_weight, tmp_path, monkeypatch) == "passed"
+    assert salted_grader(ex, predicted_weight, SALT, tmp_path, monkeypatch)[0] == "passed"
+    for case in ex.make_cases():  # the reference is the lesson's softmax of the lesson's bias
+        h, hd, q, k = case.args
+        assert math.isclose(case.expected, predicted_weight(h, hd, q, k), rel_tol=1e-5)
 
     def package(n_heads, head, query, key):
-        return alibi_bias(n_heads, query + 1)[head, query, key].item()
+        return torch.softmax(alibi_bias(n_heads, query + 1)[head, query], -1)[key].item()
 
     def package_slopes(n_heads, head, query, key):
-        return alibi_slopes(n_heads)[head].item() * (key - query)
+        r = math.exp(-alibi_slopes(n_heads)[head].item())
+        return r ** (query - key) * (1 - r) / (1 - r ** (query + 1))
 
     def tensor_rule(n_heads, head, query, key):  # the right rule, in tensor arithmetic: no tensor op may run
-        return float(torch.tensor(predicted_bias(n_heads, head, query, key)))
+        return float(torch.tensor(predicted_weight(n_heads, head, query, key)))
 
-    for route in (package, package_slopes, ch06.bias_entry_reference, tensor_rule):
+    for route in (package, package_slopes, ch06.weight_entry_reference, tensor_rule):
         refused("06-predict-bias", route, tmp_path, monkeypatch)
-    named = {(8, 0, 5, 2): -1.5, (8, 7, 5, 2): -3 / 256, (12, 8, 4, 0): -4 * 2 ** -0.5}
-    table = lambda n_heads, head, query, key: named.get((n_heads, head, query, key), -1.0)  # noqa: E731
-    for wrong in (table, bias_geometric, bias_positive_distance):
+    named = {args: predicted_weight(*args) for args in ((8, 0, 3, 3), (8, 7, 5, 2), (12, 8, 4, 0))}
+    table = lambda n_heads, head, query, key: named.get((n_heads, head, query, key), 0.5)  # noqa: E731
+    for wrong in (table, weight_geometric_slopes, weight_unnormalised, weight_wrong_sign):
         with pytest.raises(checks.CheckFailed, match="prediction is not right") as info:
             checks.check("06-predict-bias", wrong)
         assert not any(f"{c.expected:.4g}" in str(info.value) for c in ex.make_cases()), str(info.value)

@@ -200,8 +200,8 @@ def _rows_rule(got, expected) -> str | None:
                    "is judged on every row of every permutation, and the answer may not run PyTorch (a measurement "
                    "with the module is refused; a table of the check cell's permutations fails the grader's draw). "
                    "Not closed: an answer that re-implements attention in NumPy and measures",
-          hint="with a causal mask, row i of the output is attention over the tokens at positions 0 to i, and "
-               "attention without positions treats those tokens as a set: compare the two sets for each row")
+          hint="work one small permutation through by hand, say 4 tokens with two of them swapped: for each output "
+               "row, what does its query read before the permutation, and what after?")
 def _predict_permutation():
     """Predict, as a rule, which rows survive permuting the tokens of a causal self-attention without positions."""
     gen = torch.Generator().manual_seed(44)

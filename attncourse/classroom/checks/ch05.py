@@ -218,8 +218,8 @@ def kv_bytes_reference(n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len
 
 @exercise("05-predict-kv-cache", "predicted_kv_bytes", points=1, category="predict",
           forbid=_SIZE_HELPERS, allow=(), ops=("torch",), prop_doc=_RULE_DOC,
-          hint="count what one token leaves in one layer (a key and a value for each KV head, each head_dim numbers), "
-               "then scale by layers, tokens, sequences and the size of one element; not every argument matters")
+          hint="start from what one token leaves behind in one layer's cache, then ask what multiplies it; not "
+               "every argument matters")
 def _predict_cache():
     """Predict the KV cache in bytes as a rule of (n_layers, d_model, n_heads, n_kv_heads, head_dim, seq_len,
     batch_size, bytes_per_element): three published models, then shapes drawn from a seed."""

@@ -105,33 +105,35 @@ def _grouped():
     return cases
 
 
-def bias_entry_reference(n_heads: int, head: int, query: int, key: int) -> float:
-    """Entry (head, query, key) of alibi_bias(n_heads, query + 1): the checker's reference."""
-    return alibi_bias(n_heads, query + 1)[head, query, key].item()
+def weight_entry_reference(n_heads: int, head: int, query: int, key: int) -> float:
+    """Weight head `head` of `n_heads` puts on `key` from `query` under the causal ALiBi bias alone (every content
+    score equal): softmax of row `query` of alibi_bias(n_heads, query + 1), at `key`. The checker's reference."""
+    row = alibi_bias(n_heads, query + 1)[head, query].double()  # (query + 1,): keys 0..query
+    return torch.softmax(row, dim=-1)[key].item()
 
 
 def _close_whole(got, expected) -> str | None:
     """Right or not for a rule returning a number (to 1e-4 relative: the package's slopes are float32)."""
     if isinstance(got, bool) or not isinstance(got, (int, float)):
-        return f"expected a number (the bias entry), got {type(got).__name__}"
-    return None if math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-6) else NOT_RIGHT
+        return f"expected a number (the attention weight), got {type(got).__name__}"
+    return None if math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-7) else NOT_RIGHT
 
 
-@exercise("06-predict-bias", "predicted_bias", points=1, category="predict",
+@exercise("06-predict-bias", "predicted_weight", points=1, category="predict",
           forbid=("attncourse.positions.alibi_slopes", "attncourse.positions.alibi_bias",
                   "attncourse.positions.alibi_bias_at", "attncourse.positions.grouped_alibi_bias"),
           allow=(), ops=("torch",),
           prop_doc="the prediction is written as a rule of (n_heads, head, query, key) in plain numbers, judged on "
-                   "the three entries the exercise names and on entries drawn from a seed (head counts that are not "
+                   "the three weights the exercise names and on weights drawn from a seed (head counts that are not "
                    "powers of two among them; the grader draws others), with no tensor operator and no course code "
                    "allowed: the package's slopes and bias, the checker's reference and a table of the three named "
-                   "entries cannot stand in for it",
-          hint="write down the slopes of 8 heads, and where heads 8 to 11 of 12 take theirs from; then the bias is "
-               "the slope times the signed distance from the query to the key")
+                   "weights cannot stand in for it",
+          hint="the weights of one row come from the biases of that row alone, and those biases are the slope "
+               "times a whole number of steps back: how does the weight of a key compare with the weight of the key "
+               "one step closer, and what must the weights of a row add up to?")
 def _predict():
-    """Predict an ALiBi bias entry as a rule of (n_heads, head, query, key): the entry (head, query, key) of the
-    causal bias of n_heads heads (key at or before query)."""
-    configs = [(8, 0, 5, 2), (8, 7, 5, 2), (12, 8, 4, 0)]
+    """Predict an ALiBi attention weight on equal content scores, as a rule of (n_heads, head, query, key)."""
+    configs = [(8, 0, 3, 3), (8, 7, 5, 2), (12, 8, 4, 0)]
     gen = torch.Generator().manual_seed(63)  # four more entries, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
     for k in range(4):
@@ -141,9 +143,9 @@ def _predict():
         closest = 2 ** int(math.log2(n_heads))
         head = pick(closest, n_heads - 1) if k < 2 else pick(0, n_heads - 1)  # two past the closest power of two
         query = pick(1, 40)
-        configs.append((n_heads, head, query, pick(0, query - 1)))
+        configs.append((n_heads, head, query, pick(max(0, query - 8), query)))  # keys near the query: weights > 1e-7
     return [Case(f"{'drawn: ' if i >= 3 else ''}{h} heads: head {hd}, query {q}, key {k}", (h, hd, q, k),
-                 expected=bias_entry_reference(h, hd, q, k), compare=_close_whole)
+                 expected=weight_entry_reference(h, hd, q, k), compare=_close_whole)
             for i, (h, hd, q, k) in enumerate(configs)]
 
 
@@ -233,13 +235,12 @@ def _encoder_by_bias_at(n_heads, seq_len):
           allow=("attncourse.positions.alibi_slopes",), ops=(), shortcuts=(_encoder_by_abs, _encoder_by_bias_at),
           prop_doc="output equality is the property: the bias is a tensor formula given the slopes (allowed); every "
                    "course function that builds a bias is refused",
-          bug_words=("symmetric", "absolute distance", "rewards", "favours later", "prefers later", "absolute value",
-                     "both sides", "same way on", "|i - j|", "|j - i|", "keys in the future",
-                     "positive for", "bonus", "favour keys after", "favors later"),
-          hint="there is no causal mask in an encoder: for a query in the middle, compare the bias of a key some "
-               "places after it with that of a key the same distance before")
+          bug_words=("flipped", "flips the", "mirror", "reversed", "reverses", "reverse the", "wrong axis", "wrong dim",
+                     "only the middle", "middle row only", "seq_len - 1", "T - 1 - j", "T-1-j"),
+          hint="printing one row of one head proves little: the bias should depend on the distance from the query "
+               "to the key and on nothing else; test that on every query of a few sentence lengths")
 def _encoder_alibi():
-    """Fix the notes' ALiBi bias for an encoder's self-attention (every query sees every key)."""
+    """Fix the notes' bidirectional ALiBi bias for an encoder's self-attention (every query sees every key)."""
     gen = torch.Generator().manual_seed(66)  # two more, drawn (a salted grader draws others)
     configs = [(8, 6), (12, 5), (1, 3), (4, 9)]
     configs += [(int(torch.randint(1, 17, (1,), generator=gen)), int(torch.randint(2, 13, (1,), generator=gen)))
