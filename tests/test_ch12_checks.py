@@ -110,13 +110,13 @@ def test_prediction_refuses_the_package(tmp_path, monkeypatch):
     checks.check("12-predict", worked)
 
     def package(n, m, x, s):  # the route a learner who wants the point takes: run the package's rows
-        from attncourse.classroom.checks.ch12 import _sink_row
+        from attncourse.classroom.checks.ch12_sinks import _sink_row
         share, total = _sink_row(n, x, s)
         return share, s + math.log(m / n), total
 
     refused("12-predict", package, tmp_path, monkeypatch, because="called attncourse")
 
-    from attncourse.classroom.checks.ch12 import _predict
+    from attncourse.classroom.checks.ch12_sinks import _predict
     typed = tuple(float(v) for v in _predict()[0].expected)  # the first configuration's numbers, typed in
 
     def printed(n, m, x, s):
@@ -141,7 +141,7 @@ def test_prediction_refuses_the_package(tmp_path, monkeypatch):
 def test_prediction_second_part_is_the_package_row():
     """The check's second part (s + log(m / n)) is a formula: the package's sink row at m keys with that logit
     takes the same share as at n keys with s."""
-    from attncourse.classroom.checks.ch12 import _sink_row
+    from attncourse.classroom.checks.ch12_sinks import _sink_row
     for n, m, x, s in ((7, 300, 0.4, 2.0), (5000, 12, -1.5, 6.0)):
         share_n, _ = _sink_row(n, x, s)
         share_m, _ = _sink_row(m, x, s + math.log(m / n))
