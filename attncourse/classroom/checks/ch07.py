@@ -379,11 +379,13 @@ def dropped_mass_study_reference(seq_len: int, slopes: tuple[float, ...], window
     """Reference: the study of exercise 6, inputs drawn as the exercise says (per seed,
     ``q, k = torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)``):
     (the dropped weight, float64 (slopes, seeds, windows); its mean over seeds, (slopes, windows))."""
-    qk = {s: torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-          for s in seeds}
-    table = torch.tensor([[[window_dropped_mass(qk[s][0], qk[s][1], w, m) for w in windows] for s in seeds]
-                          for m in slopes], dtype=torch.float64)
-    return table, table.mean(1)
+    draws = {}
+    for seed in seeds:  # one generator per seed, q then k
+        draws[seed] = torch.randn(2, seq_len, 16, generator=torch.Generator().manual_seed(seed),
+                                  dtype=torch.float64).unbind(0)
+    per_slope = [[[window_dropped_mass(*draws[seed], w, slope) for w in windows] for seed in seeds] for slope in slopes]
+    dropped = torch.tensor(per_slope, dtype=torch.float64)  # (slopes, seeds, windows)
+    return dropped, dropped.mean(dim=1)
 
 
 def _dropped_study_close(got, expected):

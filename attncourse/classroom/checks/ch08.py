@@ -355,10 +355,14 @@ def rescale_study_reference(n: int, chunk_size: int, drifts: tuple[float, ...], 
     (``torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + drift * arange(n)``):
     (runs, an int64 tensor (drifts, seeds, 2) of (rescales, elements rescaled), and their mean over seeds, float64
     (drifts, 2))."""
-    runs = torch.tensor([[rescale_cost(torch.randn(n, generator=torch.Generator().manual_seed(seed),
-                                                   dtype=torch.float64) + drift * torch.arange(n, dtype=torch.float64),
-                                       chunk_size) for seed in seeds] for drift in drifts], dtype=torch.int64)
-    return runs, runs.double().mean(1)
+    ramp = torch.arange(n, dtype=torch.float64)
+    counts = []
+    for drift in drifts:
+        rows = (torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + drift * ramp
+                for seed in seeds)
+        counts.append([rescale_cost(row, chunk_size) for row in rows])
+    counts = torch.tensor(counts, dtype=torch.int64)  # (drifts, seeds, 2)
+    return counts, counts.to(torch.float64).mean(dim=1)
 
 
 def _rescale_study_close(got, expected):

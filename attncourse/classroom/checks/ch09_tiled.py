@@ -80,10 +80,10 @@ def _breaker_query_outer(q, k, v, block_q, block_k, is_causal):
         l = q.new_zeros(*q.shape[:-2], q1 - q0, 1)  # noqa: E741
         acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])
         for k0 in range(0, q1 if is_causal else t, block_k):
-            k1 = min(k0 + block_k, t)
+            k1 = min(t, k0 + block_k)
             s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)
             if is_causal:
-                s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+                s = s.masked_fill(torch.arange(q0, q1)[:, None] < torch.arange(k0, k1)[None, :], -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
             l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k1, :], m_new  # noqa: E741
@@ -181,9 +181,10 @@ def bf16_study_reference(seeds: tuple[int, ...], shapes: tuple[tuple[int, float]
             q, k, v = ((scale * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))
             row.append(bf16_errors(q, k, v))
         rows.append(row)
-    errors = torch.tensor(rows, dtype=torch.float64)
-    tiling, precision = errors[..., 0] / errors[..., 1], errors[..., 2] / errors[..., 1]
-    return errors, (float(tiling.min()), float(tiling.max())), (float(precision.min()), float(precision.max()))
+    table = torch.tensor(rows, dtype=torch.float64)  # (seeds, shapes, 3): tiled, same precision, all-bf16
+    same = table[..., 1]
+    spread = [(float(r.min()), float(r.max())) for r in (table[..., 0] / same, table[..., 2] / same)]
+    return table, spread[0], spread[1]
 
 
 def _study_close(got, expected):
