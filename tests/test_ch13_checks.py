@@ -86,8 +86,9 @@ def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
     for route in (code_object, pasted):
         msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
         assert "called" in msg and "called" in graded, (route.__name__, msg)
-    for ex_id, route in (("13-find-the-bug-1", lambda q, k, v, g, beta, chunk_size:
-                          space["chunked"](q, k, v, g, beta, chunk_size=chunk_size, scale=1.0)[0]),):
+    for ex_id, route in (("13-find-the-bug-1", lambda q, k, v, g, beta, initial_state, chunk_size:
+                          space["chunked"](q, k, v, g, beta, chunk_size=chunk_size, scale=1.0,
+                                           initial_state=initial_state)),):
         msg, graded = refused(ex_id, route, tmp_path, monkeypatch)
         assert "called" in msg and "called" in graded, msg
 
@@ -150,10 +151,10 @@ def test_chunked_decay_forgets_the_short_last_chunk():
 # ----------------------------------------------------------------------------- 2. the bug
 
 
-def gated_delta_chunked_fixed(q, k, v, g, beta, chunk_size):
+def _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=True):
     B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
+    S = initial_state
+    outs, states = [], [S]
     for a in range(0, T, chunk_size):
         qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
         G = g[:, :, a:a + chunk_size].cumsum(-1)
@@ -163,58 +164,60 @@ def gated_delta_chunked_fixed(q, k, v, g, beta, chunk_size):
         A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
         eye = torch.eye(c, dtype=q.dtype)
         U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
-                                          unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * (G[..., None].exp() if decay_w else 1),
+                                          upper=False, unitriangular=True)
         u = U - W @ S
         outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
         S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
-    return torch.cat(outs, 2)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
+
+
+def gated_delta_chunked_fixed(q, k, v, g, beta, initial_state, chunk_size):
+    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size)
+
+
+def _buggy(q, k, v, g, beta, initial_state, chunk_size):  # the notebook's version: W solved without e^G
+    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=False)
 
 
 def test_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
     accepted("13-find-the-bug-1", gated_delta_chunked_fixed, tmp_path, monkeypatch)
-
-    def buggy(q, k, v, g, beta, chunk_size):  # the notebook's version: the state read by q without e^G
-        return _buggy(q, k, v, g, beta, chunk_size)
-
-    msg = failure("13-find-the-bug-1", buggy)
-    assert "g = 0" not in msg.split("\n")[0] or "failed" in msg
+    msg = failure("13-find-the-bug-1", _buggy)
+    assert "g = 0" not in msg.split("\n")[0] and "zero initial state" not in msg.split("\n")[0], msg
 
 
-def _buggy(q, k, v, g, beta, chunk_size):
-    B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
-    for a in range(0, T, chunk_size):
-        qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
-        G = g[:, :, a:a + chunk_size].cumsum(-1)
-        c = G.shape[-1]
-        below = torch.ones(c, c, dtype=torch.bool).tril()
-        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, -torch.inf).exp()
-        A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
-        eye = torch.eye(c, dtype=q.dtype)
-        U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
-                                          unitriangular=True)
-        u = U - W @ S
-        outs.append(qc @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
-    return torch.cat(outs, 2)
-
-
-def test_the_bug_shows_only_with_a_gate():
+def test_the_bug_shows_only_with_a_gate_and_a_state():
     from attncourse import linear_attention as la
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     k = F.normalize(k, dim=-1)
     beta = torch.rand(1, 2, 20, generator=gen, dtype=torch.float64)
+    s0 = torch.randn(1, 2, 4, 4, generator=gen, dtype=torch.float64)
     g0 = torch.zeros(1, 2, 20, dtype=torch.float64)
-    torch.testing.assert_close(_buggy(q, k, v, g0, beta, 8), la.recurrent(q, k, v, g0, beta, scale=1.0)[0])
+    torch.testing.assert_close(_buggy(q, k, v, g0, beta, s0, 8)[0], la.recurrent(q, k, v, g0, beta, scale=1.0,
+                                                                                  initial_state=s0)[0])
     g = F.logsigmoid(torch.randn(1, 2, 20, generator=gen, dtype=torch.float64))
-    assert not torch.allclose(_buggy(q, k, v, g, beta, 8), la.recurrent(q, k, v, g, beta, scale=1.0)[0])
-    torch.testing.assert_close(gated_delta_chunked_fixed(q, k, v, g, beta, 8),
-                               la.recurrent(q, k, v, g, beta, scale=1.0)[0])
+    torch.testing.assert_close(_buggy(q[:, :, :8], k[:, :, :8], v[:, :, :8], g[..., :8], beta[..., :8], 0 * s0, 8)[0],
+                               la.recurrent(q[:, :, :8], k[:, :, :8], v[:, :, :8], g[..., :8], beta[..., :8],
+                                            scale=1.0)[0])  # one chunk from an empty state
+    ref, final = la.recurrent(q, k, v, g, beta, scale=1.0, initial_state=s0)
+    assert not torch.allclose(_buggy(q, k, v, g, beta, s0, 8)[0], ref)
+    o, states = gated_delta_chunked_fixed(q, k, v, g, beta, s0, 8)
+    torch.testing.assert_close(o, ref)
+    torch.testing.assert_close(states[:, :, -1], final)
+    torch.testing.assert_close(states[:, :, 0], s0)
+
+
+def test_bug_package_edit_without_boundary_states_refused():
+    """Review 8: an edited copy of la.chunked (what the package computes: the output and the final state) is no
+    longer an answer: the exercise asks for the state at every chunk boundary, which the package does not return."""
+    def package_like(q, k, v, g, beta, initial_state, chunk_size):
+        o, states = _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size)
+        return o, states[:, :, -1]  # la.chunked's (o, final state)
+
+    assert "shape" in failure("13-find-the-bug-1", package_like)
 
 
 # ----------------------------------------------------------------------------- 3. predict
@@ -402,8 +405,10 @@ def test_chunked_decay_in_plain_python_refused(tmp_path, monkeypatch):
 
 def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
     """Review 6: the gated delta recurrence in plain Python, no chunk and no fix of the given code, passed 2/2."""
-    def plain(q, k, v, g, beta, chunk_size):
-        return _plain_python_recurrence(q, k, v, g, beta)
+    def plain(q, k, v, g, beta, initial_state, chunk_size):
+        o = _plain_python_recurrence(q, k, v, g, beta)
+        n = -(-q.shape[2] // chunk_size)
+        return o, initial_state[:, :, None].expand(-1, -1, n + 1, -1, -1)
 
     msg, graded = refused("13-find-the-bug-1", plain, tmp_path, monkeypatch)
     assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg

@@ -222,20 +222,29 @@ def _chunked_decay():
 # ----------------------------------------------------------------------------- 2. find the bug (gated delta rule)
 
 
-def _gdn_reference(q, k, v, g, beta, chunk_size):
-    return la.recurrent(q, k, v, g, beta, scale=1.0)[0]
+def _gdn_reference(q, k, v, g, beta, initial_state, chunk_size):
+    """(o, boundary states): the recurrence from `initial_state`, run chunk after chunk; the states (B, H, n + 1, Dk,
+    Dv) are the one before each chunk, then the final one."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        o, S = la.recurrent(*(x[:, :, a:a + chunk_size] for x in (q, k, v, g, beta)), scale=1.0, initial_state=S)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
+def _breaker_gdn_token_loop(q, k, v, g, beta, initial_state, chunk_size):
     """The gated delta rule one token at a time: right, but the work grows with the tokens."""
-    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    outs = []
+    S = initial_state
+    outs, states = [], [S]
     for t in range(q.shape[2]):
         S = S * g[:, :, t, None, None].exp()
         u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
         S = S + k[:, :, t, :, None] * u[:, :, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
-    return torch.stack(outs, 2)
+        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
+            states.append(S)
+    return torch.stack(outs, 2), torch.stack(states, 2)
 
 
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
@@ -244,25 +253,30 @@ def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
           prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor in any layout (the "
                    "elements the operators take in grow linearly in T at a fixed chunk size), and the operator count "
                    "does not grow with the tokens per chunk",
-          bug_words=("query is not decayed", "queries are not decayed", "undecayed query", "undecayed queries",
-                     "decay the queries", "decay the query", "decayed query", "missing decay", "decay is missing",
-                     "forgot the decay", "forgets the decay", "without its decay", "q * gi.exp()", "q_c * gi.exp()",
-                     "q_c * g_c.exp()", "q * g.exp()", "inter-chunk term is not decayed"),
-          title="Fix a chunked gated delta rule",
-          hint="note which cases fail and which pass (with and without decay, one chunk or several); then take two "
-               "chunks of two tokens, unroll the recurrence by hand and compare every term of the second chunk's "
-               "outputs and state with what the code computes")
+          bug_words=("w is not decayed", "w not decayed", "w misses", "w lacks", "w without", "undecayed key",
+                     "undecayed keys", "keys are not decayed", "key is not decayed", "keys not decayed",
+                     "missing decay", "decay is missing", "forgot the decay", "forgets the decay", "without its decay",
+                     "k_c * g.exp()", "k_c * g[..., none].exp()", "stale state", "reads the state undecayed",
+                     "state read undecayed"),
+          title="Fix a chunked gated delta rule that also returns its boundary states",
+          hint="note which cases fail and which pass (with and without decay, one chunk or several, a zero or a "
+               "given initial state); then take two chunks of two tokens, unroll the recurrence by hand and compare "
+               "every term of the second chunk's outputs and state with what the code computes")
 def _gdn_bug():
-    """Fix a chunkwise gated delta rule that agrees with the recurrence in some cases only."""
+    """Fix a chunkwise gated delta rule (from an initial state, returning the state at every chunk boundary) that
+    agrees with the recurrence in some cases only."""
     gen = torch.Generator().manual_seed(131)
     cases = []
     for T, chunk in _CHUNK_SPECS:
         q, k, v, g, beta = _inputs(gen, 2, 2, T, 4, 3, delta=True)
+        s0 = 0.5 * _randn(gen, 2, 2, 4, 3)
         if T == 32:
             g = torch.zeros_like(g)  # DeltaNet: no gate
-        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0 (DeltaNet)" if T == 32 else ""),
-                          (q, k, v, g, beta, chunk), expected=_gdn_reference(q, k, v, g, beta, chunk),
-                          rtol=1e-7, atol=1e-8))
+        if T == 8:
+            s0 = torch.zeros_like(s0)  # one chunk from an empty state
+        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0 (DeltaNet)" if T == 32 else "") +
+                          (", zero initial state" if T == 8 else ""), (q, k, v, g, beta, s0, chunk),
+                          expected=_gdn_reference(q, k, v, g, beta, s0, chunk), rtol=1e-7, atol=1e-8))
     return cases
 
 
