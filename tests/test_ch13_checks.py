@@ -25,10 +25,10 @@ def test_shortcuts_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
 
 
-def chunked_decay_attention(q, k, v, g, chunk_size):
-    B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
+def chunked_decay_attention(q, k, v, g, initial_state, chunk_size):
+    T = q.shape[2]
+    S = initial_state
+    outs, states = [], [S]
     for a in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
         G = g[:, :, a:a + chunk_size].cumsum(-1)  # (B,H,c)
@@ -36,10 +36,11 @@ def chunked_decay_attention(q, k, v, g, chunk_size):
         diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
         outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * diff.exp()) @ vc)
         S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-    return torch.cat(outs, 2)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def chunks_at_once(q, k, v, g, chunk_size):
+def chunks_at_once(q, k, v, g, initial_state, chunk_size):
     """Every chunk in one batched step, the states combined by a (n, n) decay matrix: chunkwise, no Python loop."""
     B, H, T, Dk = q.shape
     n = -(-T // chunk_size)
@@ -49,18 +50,46 @@ def chunks_at_once(q, k, v, g, chunk_size):
     c = chunk_size
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
     intra = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v  # (B,H,n,C,Dv)
-    states = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
+    own = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
     last = F.pad(G[..., -1], (1, 0)).cumsum(-1)  # (B,H,n+1) log-decay up to each chunk boundary
     keep = torch.ones(n, n, dtype=torch.bool).tril(-1)  # chunk j < i
     gap = (last[..., :-1, None] - last[..., None, 1:]).masked_fill(~keep, -torch.inf).exp()  # end of j -> start of i
-    carried = torch.einsum("bhij,bhjkv->bhikv", gap, states)  # (B,H,n,Dk,Dv) the state at each chunk's start
-    inter = (q * G[..., None].exp()) @ carried
-    return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T]
+    starts = torch.einsum("bhij,bhjkv->bhikv", gap, own) + last[..., :-1].exp()[..., None, None] * initial_state[:, :, None]
+    final = starts[:, :, -1] * G[..., -1, -1, None, None].exp() + own[:, :, -1]  # (B,H,Dk,Dv) after the last chunk
+    inter = (q * G[..., None].exp()) @ starts  # the state at each chunk's start
+    return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T], torch.cat([starts, final[:, :, None]], 2)
+
+
+def with_initial_state(route):
+    """An answer to the old exercise (zero initial state, the output only), completed by test code: the initial
+    state's share of every output added and the boundary states carried chunk by chunk. Whatever `route` does wrong
+    (its layout, its work, its arithmetic) stays."""
+    def answer(q, k, v, g, initial_state, chunk_size):
+        o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+        S, states = initial_state, [initial_state]
+        for a in range(0, q.shape[2], chunk_size):
+            kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
+            S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+            states.append(S)
+        return o, torch.stack(states, 2)
+
+    answer.__name__ = route.__name__
+    return answer
 
 
 def test_chunked_decay_right_answers(tmp_path, monkeypatch):
     accepted("13-chunked-decay", chunked_decay_attention, tmp_path, monkeypatch)
     accepted("13-chunked-decay", chunks_at_once, tmp_path, monkeypatch)
+
+
+def test_chunked_decay_package_output_is_not_an_answer():
+    """Review 8: an edited copy of la.chunked passed. The exercise now asks for every boundary state, which the
+    package does not return: its (o, final state), however it is computed, is refused by shape."""
+    def package_like(q, k, v, g, initial_state, chunk_size):
+        o, states = chunked_decay_attention(q, k, v, g, initial_state, chunk_size)
+        return o, states[:, :, -1]
+
+    assert "shape" in failure("13-chunked-decay", package_like)
 
 
 def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
@@ -74,14 +103,14 @@ def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
 
     rebuilt = types.FunctionType(la.chunked.__code__, vars(la), "chunked", la.chunked.__defaults__)
 
-    def code_object(q, k, v, g, chunk_size):
-        return rebuilt(q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+    def code_object(q, k, v, g, initial_state, chunk_size):
+        return rebuilt(q, k, v, g, chunk_size=chunk_size, scale=1.0, initial_state=initial_state)
 
     space = dict(vars(la))
     exec(textwrap.dedent(inspect.getsource(la.chunked)), space)  # the package's source, pasted
 
-    def pasted(q, k, v, g, chunk_size):
-        return space["chunked"](q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+    def pasted(q, k, v, g, initial_state, chunk_size):
+        return space["chunked"](q, k, v, g, chunk_size=chunk_size, scale=1.0, initial_state=initial_state)
 
     for route in (code_object, pasted):
         msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
@@ -117,7 +146,7 @@ def test_chunked_decay_quadratic_in_any_layout_refused(tmp_path, monkeypatch):
             (w.unsqueeze(-1) * v.unsqueeze(2)).sum(3)
 
     for route in (trailing_dim, flattened):
-        msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
+        msg, graded = refused("13-chunked-decay", with_initial_state(route), tmp_path, monkeypatch)
         assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
         assert "T^2" in msg, msg
 
@@ -136,7 +165,7 @@ def test_chunked_decay_ratio_of_products_fails():
             S = S * E[..., -1, None, None] + (kc * (E[..., -1:] / E)[..., None]).transpose(-2, -1) @ vc
         return torch.cat(outs, 2)
 
-    assert "strong decay" in failure("13-chunked-decay", ratios)
+    assert "strong decay" in failure("13-chunked-decay", with_initial_state(ratios))
 
 
 def test_chunked_decay_forgets_the_short_last_chunk():
@@ -145,7 +174,7 @@ def test_chunked_decay_forgets_the_short_last_chunk():
         out = chunked_decay_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], chunk_size)
         return torch.cat([out, torch.zeros_like(v[:, :, T:])], 2)
 
-    failure("13-chunked-decay", drops_tail)
+    failure("13-chunked-decay", with_initial_state(drops_tail))
 
 
 # ----------------------------------------------------------------------------- 2. the bug
@@ -399,7 +428,7 @@ def test_chunked_decay_in_plain_python_refused(tmp_path, monkeypatch):
     def plain(q, k, v, g, chunk_size):
         return _plain_python_recurrence(q, k, v, g)
 
-    msg, graded = refused("13-chunked-decay", plain, tmp_path, monkeypatch)
+    msg, graded = refused("13-chunked-decay", with_initial_state(plain), tmp_path, monkeypatch)
     assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg
 
 
