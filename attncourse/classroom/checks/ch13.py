@@ -126,13 +126,26 @@ def _decay_reference(q, k, v, g, initial_state, chunk_size):
 
 
 def _shortcut_chunked(q, k, v, g, initial_state, chunk_size):
-    """The package's chunked form: must be refused."""
-    return la.chunked(q, k, v, g, chunk_size=chunk_size, scale=1.0, initial_state=initial_state)
+    """The package's chunked form, one chunk per call to collect the boundary states: must be refused."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        o, S = la.chunked(*(x[:, :, a:a + chunk_size] for x in (q, k, v, g)), chunk_size=chunk_size, scale=1.0,
+                          initial_state=S)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
 def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
-    """The package's masked (T, T) form: must be refused."""
-    return la.parallel(q, k, v, g, scale=1.0), initial_state
+    """The package's masked (T, T) form for the outputs (plus the initial state's share), the states by hand: must be
+    refused."""
+    o = la.parallel(q, k, v, g, scale=1.0) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+    S, states = initial_state, [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        states.append(S)
+    return o, torch.stack(states, 2)
 
 
 def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
