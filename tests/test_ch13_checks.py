@@ -25,10 +25,10 @@ def test_shortcuts_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
 
 
-def chunked_decay_attention(q, k, v, g, chunk_size):
-    B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
+def chunked_decay_attention(q, k, v, g, initial_state, chunk_size):
+    T = q.shape[2]
+    S = initial_state
+    outs, states = [], [S]
     for a in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
         G = g[:, :, a:a + chunk_size].cumsum(-1)  # (B,H,c)
@@ -36,10 +36,11 @@ def chunked_decay_attention(q, k, v, g, chunk_size):
         diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
         outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * diff.exp()) @ vc)
         S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-    return torch.cat(outs, 2)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def chunks_at_once(q, k, v, g, chunk_size):
+def chunks_at_once(q, k, v, g, initial_state, chunk_size):
     """Every chunk in one batched step, the states combined by a (n, n) decay matrix: chunkwise, no Python loop."""
     B, H, T, Dk = q.shape
     n = -(-T // chunk_size)
@@ -49,18 +50,46 @@ def chunks_at_once(q, k, v, g, chunk_size):
     c = chunk_size
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
     intra = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v  # (B,H,n,C,Dv)
-    states = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
+    own = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
     last = F.pad(G[..., -1], (1, 0)).cumsum(-1)  # (B,H,n+1) log-decay up to each chunk boundary
     keep = torch.ones(n, n, dtype=torch.bool).tril(-1)  # chunk j < i
     gap = (last[..., :-1, None] - last[..., None, 1:]).masked_fill(~keep, -torch.inf).exp()  # end of j -> start of i
-    carried = torch.einsum("bhij,bhjkv->bhikv", gap, states)  # (B,H,n,Dk,Dv) the state at each chunk's start
-    inter = (q * G[..., None].exp()) @ carried
-    return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T]
+    starts = torch.einsum("bhij,bhjkv->bhikv", gap, own) + last[..., :-1].exp()[..., None, None] * initial_state[:, :, None]
+    final = starts[:, :, -1] * G[..., -1, -1, None, None].exp() + own[:, :, -1]  # (B,H,Dk,Dv) after the last chunk
+    inter = (q * G[..., None].exp()) @ starts  # the state at each chunk's start
+    return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T], torch.cat([starts, final[:, :, None]], 2)
+
+
+def with_initial_state(route):
+    """An answer to the old exercise (zero initial state, the output only), completed by test code: the initial
+    state's share of every output added and the boundary states carried chunk by chunk. Whatever `route` does wrong
+    (its layout, its work, its arithmetic) stays."""
+    def answer(q, k, v, g, initial_state, chunk_size):
+        o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+        S, states = initial_state, [initial_state]
+        for a in range(0, q.shape[2], chunk_size):
+            kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
+            S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+            states.append(S)
+        return o, torch.stack(states, 2)
+
+    answer.__name__ = route.__name__
+    return answer
 
 
 def test_chunked_decay_right_answers(tmp_path, monkeypatch):
     accepted("13-chunked-decay", chunked_decay_attention, tmp_path, monkeypatch)
     accepted("13-chunked-decay", chunks_at_once, tmp_path, monkeypatch)
+
+
+def test_chunked_decay_package_output_is_not_an_answer():
+    """Review 8: an edited copy of la.chunked passed. The exercise now asks for every boundary state, which the
+    package does not return: its (o, final state), however it is computed, is refused by shape."""
+    def package_like(q, k, v, g, initial_state, chunk_size):
+        o, states = chunked_decay_attention(q, k, v, g, initial_state, chunk_size)
+        return o, states[:, :, -1]
+
+    assert "shape" in failure("13-chunked-decay", package_like)
 
 
 def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
@@ -74,20 +103,21 @@ def test_chunked_decay_package_copies_refused(tmp_path, monkeypatch):
 
     rebuilt = types.FunctionType(la.chunked.__code__, vars(la), "chunked", la.chunked.__defaults__)
 
-    def code_object(q, k, v, g, chunk_size):
-        return rebuilt(q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+    def code_object(q, k, v, g, initial_state, chunk_size):
+        return rebuilt(q, k, v, g, chunk_size=chunk_size, scale=1.0, initial_state=initial_state)
 
     space = dict(vars(la))
     exec(textwrap.dedent(inspect.getsource(la.chunked)), space)  # the package's source, pasted
 
-    def pasted(q, k, v, g, chunk_size):
-        return space["chunked"](q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+    def pasted(q, k, v, g, initial_state, chunk_size):
+        return space["chunked"](q, k, v, g, chunk_size=chunk_size, scale=1.0, initial_state=initial_state)
 
     for route in (code_object, pasted):
         msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
         assert "called" in msg and "called" in graded, (route.__name__, msg)
-    for ex_id, route in (("13-find-the-bug-1", lambda q, k, v, g, beta, chunk_size:
-                          space["chunked"](q, k, v, g, beta, chunk_size=chunk_size, scale=1.0)[0]),):
+    for ex_id, route in (("13-find-the-bug-1", lambda q, k, v, g, beta, initial_state, chunk_size:
+                          space["chunked"](q, k, v, g, beta, chunk_size=chunk_size, scale=1.0,
+                                           initial_state=initial_state)),):
         msg, graded = refused(ex_id, route, tmp_path, monkeypatch)
         assert "called" in msg and "called" in graded, msg
 
@@ -116,7 +146,7 @@ def test_chunked_decay_quadratic_in_any_layout_refused(tmp_path, monkeypatch):
             (w.unsqueeze(-1) * v.unsqueeze(2)).sum(3)
 
     for route in (trailing_dim, flattened):
-        msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
+        msg, graded = refused("13-chunked-decay", with_initial_state(route), tmp_path, monkeypatch)
         assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
         assert "T^2" in msg, msg
 
@@ -135,7 +165,7 @@ def test_chunked_decay_ratio_of_products_fails():
             S = S * E[..., -1, None, None] + (kc * (E[..., -1:] / E)[..., None]).transpose(-2, -1) @ vc
         return torch.cat(outs, 2)
 
-    assert "strong decay" in failure("13-chunked-decay", ratios)
+    assert "strong decay" in failure("13-chunked-decay", with_initial_state(ratios))
 
 
 def test_chunked_decay_forgets_the_short_last_chunk():
@@ -144,16 +174,16 @@ def test_chunked_decay_forgets_the_short_last_chunk():
         out = chunked_decay_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], chunk_size)
         return torch.cat([out, torch.zeros_like(v[:, :, T:])], 2)
 
-    failure("13-chunked-decay", drops_tail)
+    failure("13-chunked-decay", with_initial_state(drops_tail))
 
 
 # ----------------------------------------------------------------------------- 2. the bug
 
 
-def gated_delta_chunked_fixed(q, k, v, g, beta, chunk_size):
+def _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=True):
     B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
+    S = initial_state
+    outs, states = [], [S]
     for a in range(0, T, chunk_size):
         qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
         G = g[:, :, a:a + chunk_size].cumsum(-1)
@@ -163,58 +193,60 @@ def gated_delta_chunked_fixed(q, k, v, g, beta, chunk_size):
         A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
         eye = torch.eye(c, dtype=q.dtype)
         U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
-                                          unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * (G[..., None].exp() if decay_w else 1),
+                                          upper=False, unitriangular=True)
         u = U - W @ S
         outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
         S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
-    return torch.cat(outs, 2)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
+
+
+def gated_delta_chunked_fixed(q, k, v, g, beta, initial_state, chunk_size):
+    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size)
+
+
+def _buggy(q, k, v, g, beta, initial_state, chunk_size):  # the notebook's version: W solved without e^G
+    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=False)
 
 
 def test_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
     accepted("13-find-the-bug-1", gated_delta_chunked_fixed, tmp_path, monkeypatch)
-
-    def buggy(q, k, v, g, beta, chunk_size):  # the notebook's version: the state read by q without e^G
-        return _buggy(q, k, v, g, beta, chunk_size)
-
-    msg = failure("13-find-the-bug-1", buggy)
-    assert "g = 0" not in msg.split("\n")[0] or "failed" in msg
+    msg = failure("13-find-the-bug-1", _buggy)
+    assert "g = 0" not in msg.split("\n")[0] and "zero initial state" not in msg.split("\n")[0], msg
 
 
-def _buggy(q, k, v, g, beta, chunk_size):
-    B, H, T, Dk = q.shape
-    S = q.new_zeros(B, H, Dk, v.shape[-1])
-    outs = []
-    for a in range(0, T, chunk_size):
-        qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
-        G = g[:, :, a:a + chunk_size].cumsum(-1)
-        c = G.shape[-1]
-        below = torch.ones(c, c, dtype=torch.bool).tril()
-        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, -torch.inf).exp()
-        A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
-        eye = torch.eye(c, dtype=q.dtype)
-        U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * G[..., None].exp(), upper=False,
-                                          unitriangular=True)
-        u = U - W @ S
-        outs.append(qc @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
-    return torch.cat(outs, 2)
-
-
-def test_the_bug_shows_only_with_a_gate():
+def test_the_bug_shows_only_with_a_gate_and_a_state():
     from attncourse import linear_attention as la
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     k = F.normalize(k, dim=-1)
     beta = torch.rand(1, 2, 20, generator=gen, dtype=torch.float64)
+    s0 = torch.randn(1, 2, 4, 4, generator=gen, dtype=torch.float64)
     g0 = torch.zeros(1, 2, 20, dtype=torch.float64)
-    torch.testing.assert_close(_buggy(q, k, v, g0, beta, 8), la.recurrent(q, k, v, g0, beta, scale=1.0)[0])
+    torch.testing.assert_close(_buggy(q, k, v, g0, beta, s0, 8)[0], la.recurrent(q, k, v, g0, beta, scale=1.0,
+                                                                                  initial_state=s0)[0])
     g = F.logsigmoid(torch.randn(1, 2, 20, generator=gen, dtype=torch.float64))
-    assert not torch.allclose(_buggy(q, k, v, g, beta, 8), la.recurrent(q, k, v, g, beta, scale=1.0)[0])
-    torch.testing.assert_close(gated_delta_chunked_fixed(q, k, v, g, beta, 8),
-                               la.recurrent(q, k, v, g, beta, scale=1.0)[0])
+    torch.testing.assert_close(_buggy(q[:, :, :8], k[:, :, :8], v[:, :, :8], g[..., :8], beta[..., :8], 0 * s0, 8)[0],
+                               la.recurrent(q[:, :, :8], k[:, :, :8], v[:, :, :8], g[..., :8], beta[..., :8],
+                                            scale=1.0)[0])  # one chunk from an empty state
+    ref, final = la.recurrent(q, k, v, g, beta, scale=1.0, initial_state=s0)
+    assert not torch.allclose(_buggy(q, k, v, g, beta, s0, 8)[0], ref)
+    o, states = gated_delta_chunked_fixed(q, k, v, g, beta, s0, 8)
+    torch.testing.assert_close(o, ref)
+    torch.testing.assert_close(states[:, :, -1], final)
+    torch.testing.assert_close(states[:, :, 0], s0)
+
+
+def test_bug_package_edit_without_boundary_states_refused():
+    """Review 8: an edited copy of la.chunked (what the package computes: the output and the final state) is no
+    longer an answer: the exercise asks for the state at every chunk boundary, which the package does not return."""
+    def package_like(q, k, v, g, beta, initial_state, chunk_size):
+        o, states = _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size)
+        return o, states[:, :, -1]  # la.chunked's (o, final state)
+
+    assert "shape" in failure("13-find-the-bug-1", package_like)
 
 
 # ----------------------------------------------------------------------------- 3. predict
@@ -396,14 +428,16 @@ def test_chunked_decay_in_plain_python_refused(tmp_path, monkeypatch):
     def plain(q, k, v, g, chunk_size):
         return _plain_python_recurrence(q, k, v, g)
 
-    msg, graded = refused("13-chunked-decay", plain, tmp_path, monkeypatch)
+    msg, graded = refused("13-chunked-decay", with_initial_state(plain), tmp_path, monkeypatch)
     assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg
 
 
 def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
     """Review 6: the gated delta recurrence in plain Python, no chunk and no fix of the given code, passed 2/2."""
-    def plain(q, k, v, g, beta, chunk_size):
-        return _plain_python_recurrence(q, k, v, g, beta)
+    def plain(q, k, v, g, beta, initial_state, chunk_size):
+        o = _plain_python_recurrence(q, k, v, g, beta)
+        n = -(-q.shape[2] // chunk_size)
+        return o, initial_state[:, :, None].expand(-1, -1, n + 1, -1, -1)
 
     msg, graded = refused("13-find-the-bug-1", plain, tmp_path, monkeypatch)
     assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg

@@ -138,6 +138,15 @@ def test_bug_words_stay_out_of_the_notebooks():
 
 
 def tiles_prediction(seq_len, block_size, top_k):
+    nb = -(-seq_len // block_size)
+    last = seq_len - (nb - 1) * block_size
+    m = min(top_k, nb)
+    blocks = block_size * (m * (m + 1) // 2 + (nb - m) * top_k) - (block_size - last) * m
+    own = (nb - 1) * block_size * (block_size + 1) // 2 + last * (last + 1) // 2
+    return blocks, own + block_size * (blocks - seq_len)
+
+
+def per_query_count(seq_len, block_size, top_k):  # the same count query by query: right, but linear in seq_len
     blocks = keys = 0
     for i in range(seq_len):
         read = min(top_k, i // block_size + 1)
@@ -152,9 +161,12 @@ def test_prediction_is_a_rule_checked_on_drawn_configurations(tmp_path, monkeypa
     per_block = sum(min(8, i + 1) for i in range(64))
     keys = 64 * sum(r + 1 for r in range(64)) + 64 * 64 * sum(min(8, i + 1) - 1 for i in range(64))
     assert tiles_prediction(4096, 64, 8) == (64 * per_block, keys) == (30976, 1853440)
+    for t, b, k in ((1, 1, 1), (5, 2, 9), (37, 6, 2), (100, 7, 3), (64, 8, 8)):
+        assert tiles_prediction(t, b, k) == per_query_count(t, b, k)
     accepted("14-predict-tiles", tiles_prediction, tmp_path, monkeypatch)
     cases = checks.get("14-predict-tiles").make_cases()
-    assert len(cases) == 3 and any(t % b for t, b, _ in (c.args for c in cases))  # a ragged last block is drawn
+    assert len(cases) == 4 and any(t % b for t, b, _ in (c.args for c in cases))  # a ragged last block is drawn
+    assert max(t for t, _b, _k in (c.args for c in cases)) > 2 ** 30  # a count token by token cannot finish
     assert any(k >= -(-t // b) for t, b, k in (c.args for c in cases))  # and a top_k over the number of blocks
 
     def package(seq_len, block_size, top_k):  # the review's route (F): the gate and its counter
@@ -184,6 +196,26 @@ def test_prediction_is_a_rule_checked_on_drawn_configurations(tmp_path, monkeypa
         return int(read.sum()), int((i % block_size + 1 + (read - 1) * block_size).sum())
 
     assert "torch" in refused("14-predict-tiles", with_tensors, tmp_path, monkeypatch)[0]
+
+    def simulation(seq_len, block_size, top_k):  # review 8: the gate run in pure Python on random data (a
+        import random  # measurement, not a prediction); here on the small cases only, as the long one never ends
+        rnd = random.Random(0)
+        if seq_len > 10 ** 5:
+            return tiles_prediction(seq_len, block_size, top_k)
+        q, k = ([rnd.gauss(0, 1) for _ in range(seq_len)] for _ in range(2))
+        nb = -(-seq_len // block_size)
+        means = [sum(k[b * block_size:(b + 1) * block_size]) / len(k[b * block_size:(b + 1) * block_size])
+                 for b in range(nb)]
+        blocks = keys = 0
+        for i in range(seq_len):
+            own = i // block_size
+            for b in sorted(range(own), key=lambda b: -q[i] * means[b])[:top_k - 1] + [own]:
+                blocks += 1
+                keys += i - own * block_size + 1 if b == own else block_size
+        return blocks, keys
+
+    msg, graded = refused("14-predict-tiles", simulation, tmp_path, monkeypatch)
+    assert "random" in msg and "random" in graded, msg
 
     def printed(seq_len, block_size, top_k):  # the exercise's numbers typed in
         return 30976, 1853440
@@ -498,3 +530,24 @@ def test_bug_dense_in_plain_python_refused(tmp_path, monkeypatch):
     msg, graded = refused("14-find-the-bug-1", plain, tmp_path, monkeypatch)
     assert all(("multiplied only" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg  # the
     # property or the guard's budget on numbers read out into plain Python, whichever sees it first
+
+
+def test_recall_every_query_reshaped_refused_by_its_work(tmp_path, monkeypatch):
+    """Review 8: the whole gate for all 256 positions, reshaped so that no operand shows 256 or 256 x 16
+    ((512, 32, 32) @ (512, 32, 16)), then the last row kept: the shapes pass, the multiply-adds do not."""
+    def reshaped(seed, top_k):
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.randn(64, 1, 256, 32, generator=gen)
+        k = torch.randn(64, 1, 256, 32, generator=gen)
+        pos = torch.randint(0, 240, (64,), generator=gen)
+        k[torch.arange(64), 0, pos] += q[:, 0, -1]
+        means = k[:, 0].reshape(64, 16, 16, 32).mean(2)  # (64, 16, 32)
+        gate = (q[:, 0].reshape(512, 32, 32) @ means.repeat_interleave(8, 0).transpose(-2, -1)).reshape(64, 8, 32, 16)
+        last = gate[:, -1, -1]  # (64, 16): every position scored, the last one kept
+        held = pos // 16 == 15
+        if top_k > 1:
+            held = held | (last[:, :15].topk(min(top_k - 1, 15), -1).indices == (pos // 16)[:, None]).any(-1)
+        return float(held.float().mean())
+
+    msg, graded = refused("14-selection-recall", reshaped, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and "multiply-adds" in msg, msg

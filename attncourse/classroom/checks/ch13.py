@@ -114,63 +114,94 @@ def _chunk_by_chunk(runs) -> str | None:
 # ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
 
 
-def _decay_reference(q, k, v, g, chunk_size):
-    return la.recurrent(q, k, v, g, scale=1.0)[0]
+def _decay_reference(q, k, v, g, initial_state, chunk_size):
+    """(o, boundary states): the recurrence from `initial_state`, chunk after chunk; the states (B, H, n + 1, Dk, Dv)
+    are the one before each chunk, then the final one."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        o, S = la.recurrent(*(x[:, :, a:a + chunk_size] for x in (q, k, v, g)), scale=1.0, initial_state=S)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _shortcut_chunked(q, k, v, g, chunk_size):
-    """The package's chunked form: must be refused."""
-    return la.chunked(q, k, v, g, chunk_size=chunk_size, scale=1.0)[0]
+def _shortcut_chunked(q, k, v, g, initial_state, chunk_size):
+    """The package's chunked form, one chunk per call to collect the boundary states: must be refused."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        o, S = la.chunked(*(x[:, :, a:a + chunk_size] for x in (q, k, v, g)), chunk_size=chunk_size, scale=1.0,
+                          initial_state=S)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _shortcut_parallel(q, k, v, g, chunk_size):
-    """The package's masked (T, T) form: must be refused."""
-    return la.parallel(q, k, v, g, scale=1.0)
+def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
+    """The package's masked (T, T) form for the outputs (plus the initial state's share), the states by hand: must be
+    refused."""
+    o = la.parallel(q, k, v, g, scale=1.0) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+    S, states = initial_state, [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        states.append(S)
+    return o, torch.stack(states, 2)
 
 
-def _breaker_token_loop(q, k, v, g, chunk_size):
+def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
     """The recurrence, one token at a time: right, but the work grows with the tokens."""
-    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    outs = []
+    S = initial_state
+    outs, states = [], [S]
     for t in range(q.shape[2]):
         S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
-    return torch.stack(outs, 2)
+        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
+            states.append(S)
+    return torch.stack(outs, 2), torch.stack(states, 2)
 
 
-def _breaker_quadratic(q, k, v, g, chunk_size):
-    """The (T, T) masked product: right, but quadratic in T."""
+def _breaker_quadratic(q, k, v, g, initial_state, chunk_size):
+    """The (T, T) masked product, and the boundary states from every key at once: right, but quadratic in T."""
     G = g.cumsum(-1)
     T = q.shape[2]
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    return ((q @ k.transpose(-2, -1)) * diff.exp()) @ v
+    o = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v + (q * G[..., None].exp()) @ initial_state
+    ends = torch.tensor([min(e, T) for e in range(0, T + chunk_size, chunk_size)][:-(-T // chunk_size) + 1])
+    Gb = F.pad(G, (1, 0))[..., ends]  # (B,H,n+1) log-decay from the start to each boundary
+    w = (Gb[..., :, None] - G[..., None, :]).masked_fill(torch.arange(T)[None, :] >= ends[:, None], float("-inf"))
+    states = torch.einsum("bhns,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None, None] * initial_state[:, :, None]
+    return o, states
 
 
-def _breaker_rows_against_all_keys(q, k, v, g, chunk_size):
-    """A chunk of queries at a time, but against every earlier key (tiled, no state): quadratic in T."""
+def _breaker_rows_against_all_keys(q, k, v, g, initial_state, chunk_size):
+    """A chunk of queries at a time, but against every earlier key (tiled, no state carried): quadratic in T."""
     G = g.cumsum(-1)
     T = q.shape[2]
-    outs = []
+    outs, states = [], [initial_state]
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
         diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
         keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
         w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
-        outs.append(w @ v[:, :, :b])
-    return torch.cat(outs, 2)
+        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, None].exp()) @ initial_state)
+        rest = (G[..., b - 1:b] - G[..., :b]).exp()  # (B,H,b) decay from each key to the boundary
+        states.append((k[:, :, :b] * rest[..., None]).transpose(-2, -1) @ v[:, :, :b]
+                      + G[..., b - 1, None, None].exp() * initial_state)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
 def _with_package_mask(mask_of, name: str):
     """A chunk-by-chunk answer whose intra-chunk decay mask comes from the package (`mask_of(g_chunk)`): refused."""
-    def shortcut(q, k, v, g, chunk_size):
-        S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-        outs = []
+    def shortcut(q, k, v, g, initial_state, chunk_size):
+        S = initial_state
+        outs, states = [], [S]
         for a in range(0, q.shape[2], chunk_size):
             qc, kc, vc, gc = (x[:, :, a:a + chunk_size] for x in (q, k, v, g))
             G = gc.cumsum(-1)
             outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * mask_of(gc)) @ vc)
             S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-        return torch.cat(outs, 2)
+            states.append(S)
+        return torch.cat(outs, 2), torch.stack(states, 2)
 
     shortcut.__name__ = shortcut.__qualname__ = name
     return shortcut
@@ -197,12 +228,12 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8), (128, 8))  # (T,
                    "layout: the elements the operators take in grow linearly in T at a fixed chunk size, T = 32 and "
                    "128 in chunks of 8), and the operator count does not grow with the tokens per chunk (T = 32, 64, "
                    "128 in 4 chunks)",
-          title="Decayed linear attention, chunk by chunk",
+          title="Decayed linear attention, chunk by chunk, with its boundary states",
           hint="inside a chunk, the decay from token s to token r is the exponential of a difference of cumulative "
                "sums of g (taken inside the chunk); the state from earlier chunks reaches token r decayed by the "
                "cumulative sum up to r. After each chunk, decay the state by the whole chunk's sum and add each "
-               "key's outer product with its value, decayed by what remains of the chunk after it. The last chunk "
-               "may be short")
+               "key's outer product with its value, decayed by what remains of the chunk after it; keep the state "
+               "at every boundary, the initial one first. The last chunk may be short")
 def _chunked_decay():
     """Causal linear attention with a scalar decay per token and head (RetNet, Mamba-2), chunk by chunk."""
     gen = torch.Generator().manual_seed(13)
@@ -213,29 +244,40 @@ def _chunked_decay():
             g = torch.zeros_like(g)  # no decay: plain linear attention
         if T == 45:  # very strong decays (about e^-800 over a chunk): e^G underflows to 0 in float64, so the decay
             g = -100.0 * torch.rand(g.shape, generator=gen, dtype=torch.float64)  # must be e^(G_r - G_s), not a ratio
+        s0 = torch.zeros(2, 2, 4, 3, dtype=torch.float64) if T == 8 else 0.5 * _randn(gen, 2, 2, 4, 3)
         cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0" if T == 64 else "") +
-                          (", very strong decay" if T == 45 else ""), (q, k, v, g, chunk),
-                          expected=_decay_reference(q, k, v, g, chunk), rtol=1e-7, atol=1e-8))
+                          (", very strong decay" if T == 45 else "") + (", zero initial state" if T == 8 else ""),
+                          (q, k, v, g, s0, chunk), expected=_decay_reference(q, k, v, g, s0, chunk),
+                          rtol=1e-7, atol=1e-8))
     return cases
 
 
 # ----------------------------------------------------------------------------- 2. find the bug (gated delta rule)
 
 
-def _gdn_reference(q, k, v, g, beta, chunk_size):
-    return la.recurrent(q, k, v, g, beta, scale=1.0)[0]
+def _gdn_reference(q, k, v, g, beta, initial_state, chunk_size):
+    """(o, boundary states): the recurrence from `initial_state`, run chunk after chunk; the states (B, H, n + 1, Dk,
+    Dv) are the one before each chunk, then the final one."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        o, S = la.recurrent(*(x[:, :, a:a + chunk_size] for x in (q, k, v, g, beta)), scale=1.0, initial_state=S)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
+def _breaker_gdn_token_loop(q, k, v, g, beta, initial_state, chunk_size):
     """The gated delta rule one token at a time: right, but the work grows with the tokens."""
-    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    outs = []
+    S = initial_state
+    outs, states = [], [S]
     for t in range(q.shape[2]):
         S = S * g[:, :, t, None, None].exp()
         u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
         S = S + k[:, :, t, :, None] * u[:, :, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
-    return torch.stack(outs, 2)
+        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
+            states.append(S)
+    return torch.stack(outs, 2), torch.stack(states, 2)
 
 
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
@@ -244,25 +286,30 @@ def _breaker_gdn_token_loop(q, k, v, g, beta, chunk_size):
           prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor in any layout (the "
                    "elements the operators take in grow linearly in T at a fixed chunk size), and the operator count "
                    "does not grow with the tokens per chunk",
-          bug_words=("query is not decayed", "queries are not decayed", "undecayed query", "undecayed queries",
-                     "decay the queries", "decay the query", "decayed query", "missing decay", "decay is missing",
-                     "forgot the decay", "forgets the decay", "without its decay", "q * gi.exp()", "q_c * gi.exp()",
-                     "q_c * g_c.exp()", "q * g.exp()", "inter-chunk term is not decayed"),
-          title="Fix a chunked gated delta rule",
-          hint="note which cases fail and which pass (with and without decay, one chunk or several); then take two "
-               "chunks of two tokens, unroll the recurrence by hand and compare every term of the second chunk's "
-               "outputs and state with what the code computes")
+          bug_words=("w is not decayed", "w not decayed", "w misses", "w lacks", "w without", "undecayed key",
+                     "undecayed keys", "keys are not decayed", "key is not decayed", "keys not decayed",
+                     "missing decay", "decay is missing", "forgot the decay", "forgets the decay", "without its decay",
+                     "k_c * g.exp()", "k_c * g[..., none].exp()", "stale state", "reads the state undecayed",
+                     "state read undecayed"),
+          title="Fix a chunked gated delta rule that also returns its boundary states",
+          hint="note which cases fail and which pass (with and without decay, one chunk or several, a zero or a "
+               "given initial state); then take two chunks of two tokens, unroll the recurrence by hand and compare "
+               "every term of the second chunk's outputs and state with what the code computes")
 def _gdn_bug():
-    """Fix a chunkwise gated delta rule that agrees with the recurrence in some cases only."""
+    """Fix a chunkwise gated delta rule (from an initial state, returning the state at every chunk boundary) that
+    agrees with the recurrence in some cases only."""
     gen = torch.Generator().manual_seed(131)
     cases = []
     for T, chunk in _CHUNK_SPECS:
         q, k, v, g, beta = _inputs(gen, 2, 2, T, 4, 3, delta=True)
+        s0 = 0.5 * _randn(gen, 2, 2, 4, 3)
         if T == 32:
             g = torch.zeros_like(g)  # DeltaNet: no gate
-        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0 (DeltaNet)" if T == 32 else ""),
-                          (q, k, v, g, beta, chunk), expected=_gdn_reference(q, k, v, g, beta, chunk),
-                          rtol=1e-7, atol=1e-8))
+        if T == 8:
+            s0 = torch.zeros_like(s0)  # one chunk from an empty state
+        cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0 (DeltaNet)" if T == 32 else "") +
+                          (", zero initial state" if T == 8 else ""), (q, k, v, g, beta, s0, chunk),
+                          expected=_gdn_reference(q, k, v, g, beta, s0, chunk), rtol=1e-7, atol=1e-8))
     return cases
 
 

@@ -25,6 +25,10 @@ from .ch09 import _NO_READ, _rows
 TILES_QUESTION = dict(seq_len=4096, block_size=64, top_k=8)  # the configuration the prediction asks about
 _MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|matmul|mv|dot|vdot|addbmm|_efficient_attention_forward)$")
 _REDUCE = re.compile(r"^(sum|mean|cumsum)$")
+_RANDOM = tuple(f"random.{n}" for n in ("Random", "random", "gauss", "normalvariate", "uniform", "randint", "randrange",
+                                         "choice", "choices", "sample", "shuffle", "getrandbits", "seed"))
+_RANDOM += tuple(f"random.Random.{n}" for n in ("random", "gauss", "normalvariate", "uniform", "randint", "randrange",
+                                                "choice", "choices", "sample", "shuffle", "getrandbits", "seed"))
 _GATE_PASSES = 48  # passes over the gate's own tensors an honest answer may make (the solutions make under 20)
 
 
@@ -270,15 +274,17 @@ def _moba_bug_cases():
           parts=("blocks visited", "keys scored"),
           forbid=("attncourse.learned_sparse.moba_gate", "attncourse.learned_sparse.selected_work",
                   "attncourse.learned_sparse.blocks_to_mask", "attncourse.learned_sparse.selected_attention",
-                  "attncourse.learned_sparse.n_blocks"),
+                  "attncourse.learned_sparse.n_blocks", *_RANDOM),
           allow=(), ops=("torch",),
           prop_doc="the prediction is a count in plain integers, written as a function of (seq_len, block_size, "
-                   "top_k) so that no package call (the gate and its counter, the checker's) can stand in for it: "
-                   "equal counts on the exercise's configuration and on drawn ones (ragged last blocks, top_k larger "
-                   "than the blocks) are the skill",
+                   "top_k) so that no package call (the gate and its counter, the checker's) can stand in for it, "
+                   "and no simulation either: random draws are refused, and one case has about 2^30 tokens, where "
+                   "a count query by query cannot finish; equal counts on the exercise's configuration and on "
+                   "drawn ones (ragged last blocks, top_k larger than the blocks) are the skill",
           hint="a query in block i has i earlier blocks to choose from; count the blocks each query reads, then the "
                "keys, remembering that inside its own block a query sees only the keys up to itself, and that the "
-               "last block may be short")
+               "last block may be short; every query of a block reads as many blocks, so sum block by block or in "
+               "closed form (one case has about 2^30 tokens)")
 def _predict_tiles():
     """Predict (blocks visited, keys scored) per head by MoBA's loop with one query per tile, as a function of
     (seq_len, block_size, top_k)."""
@@ -292,13 +298,26 @@ def _predict_tiles():
     block = 2 ** pick(2, 5)
     n = pick(2, 6)
     configs.append(dict(seq_len=block * n + pick(0, block - 1), block_size=block, top_k=n + pick(1, 4)))
+    block = 2 ** pick(12, 14)  # a long context: a simulation query by query, or a loop over the tokens, cannot finish
+    configs.append(dict(seq_len=2 ** 30 + block * pick(1, 64) + pick(1, block - 1), block_size=block, top_k=pick(4, 16)))
+
+    def by_blocks(t, block, top_k):  # sum over the blocks of (queries in it) x (blocks each reads): no data needed
+        nb = -(-t // block)
+        sizes = [block] * (nb - 1) + [t - (nb - 1) * block]
+        blocks = sum(n * min(top_k, b + 1) for b, n in enumerate(sizes))
+        own = sum(n * (n + 1) // 2 for n in sizes)  # causal inside the own block
+        return blocks, own + block * (blocks - t)  # each earlier block read is read whole
+
     cases = []
     for cfg in configs:
         t, block, top_k = cfg["seq_len"], cfg["block_size"], cfg["top_k"]
-        q, k = torch.randn(2, 1, 1, t, 4, generator=gen).unbind(0)
-        work = selected_work(moba_gate(q, k, block, top_k), block, t)
+        expected = by_blocks(t, block, top_k)
+        if t < 2 ** 20:  # the count agrees with a real gate on random data where that can run
+            q, k = torch.randn(2, 1, 1, t, 4, generator=gen).unbind(0)
+            work = selected_work(moba_gate(q, k, block, top_k), block, t)
+            assert expected == (work["blocks"], work["keys"]), (cfg, expected, work)
         cases.append(Case(f"(blocks visited, keys scored) for T={t}, blocks of {block}, top_k={top_k}, one query per "
-                          "tile", (t, block, top_k), expected=(work["blocks"], work["keys"]), compare="equal"))
+                          "tile", (t, block, top_k), expected=expected, compare="equal"))
     return cases
 
 
@@ -321,11 +340,50 @@ def _selection_recall_reference(seed: int, top_k: int) -> float:
     return float(sel[rows, pos // block].float().mean())
 
 
+def _op_work(name: str, shapes: list) -> int:
+    """Multiply-adds (a matrix product: batch x m x k x n from its operands' shapes) or entries (any other operator:
+    the broadcast of its inputs) one operator does, whatever the layout its tensors were reshaped to."""
+    shapes = [tuple(int(x) for x in sh) for sh in shapes]
+    if _VIEWS.match(_op(name)):  # a new view of the same entries: no work
+        return 0
+    if _INDEXING.match(_op(name)):  # reads or writes the entries its indices name, not the whole source
+        return sum(math.prod(sh) for sh in shapes[1:])
+    if _MATMUL.match(_op(name)) and len(shapes) >= 2:
+        a, b = shapes[-2], shapes[-1]
+        if len(a) >= 1 and len(b) >= 1:
+            batch = math.prod(a[:-2]) if len(a) > 2 else math.prod(b[:-2]) if len(b) > 2 else 1
+            rows = a[-2] if len(a) >= 2 else 1
+            cols = b[-1] if len(b) >= 2 else 1
+            return batch * rows * a[-1] * cols
+    try:
+        return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
+    except RuntimeError:
+        return sum(math.prod(sh) for sh in shapes)
+
+
+_VIEWS = re.compile(r"^(view|_unsafe_view|reshape|_reshape_alias|select|slice|expand|expand_as|unsqueeze|squeeze|"
+                    r"transpose|permute|t|alias|as_strided|detach|unbind|split|split_with_sizes|chunk|narrow|unflatten|"
+                    r"flatten|lift_fresh|view_as|movedim|diagonal|_to_copy_view)$")
+_INDEXING = re.compile(r"^(index|index_put_|index_put|_index_put_impl_|index_select|gather|take|take_along_dim)$")
+_RECALL_PASSES = 6  # passes over the keys an honest measurement may make (the solutions make about 1: the pooling)
+
+
 def _last_query_only(runs) -> str | None:
-    """Only the last query is scored: no matrix product runs over the 256 positions, and no operator receives a
-    (positions x blocks) grid of scores or masks: that is MoBA's whole gate, 256 times the work the measurement
-    needs."""
+    """Only the last query is scored: no matrix product runs over the 256 positions, no operator receives a
+    (positions x blocks) grid of scores or masks (that is MoBA's whole gate, 256 times the work the measurement
+    needs), and, whatever the layout, the multiply-adds and entries of all its operators stay within a bounded
+    number of passes over the keys (views and the entries indexing names are free; the whole gate takes 16 passes
+    more, in its products alone)."""
     t, nb = RECALL["seq_len"], RECALL["seq_len"] // RECALL["block"]
+    keys = RECALL["n_seq"] * t * RECALL["dim"]  # one pass over the keys: drawing, planting, pooling
+    for run in runs:
+        total = sum(_op_work(name, [shape for _l, _o, shape, _s in tensors])
+                    for name, _launch, _helper, tensors in run.trace["ops"])
+        if total > _RECALL_PASSES * keys:
+            return (f"case '{run.case.name}': your code's operators did {total:,} multiply-adds and entries in all, "
+                    f"more than {_RECALL_PASSES} passes over the keys ({_RECALL_PASSES * keys:,}): scoring the last "
+                    f"query needs {RECALL['n_seq']} x {nb} x {RECALL['dim']} multiply-adds, and scoring every "
+                    f"position, in whatever layout, takes {t} times that")
     for run in runs:
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op(name)
