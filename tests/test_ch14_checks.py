@@ -276,7 +276,7 @@ def test_recall_reference_copied_and_constants_refused(tmp_path, monkeypatch):
     import inspect
     import textwrap
 
-    import attncourse.classroom.checks.ch14 as ch14
+    import attncourse.classroom.checks.ch14_recall as ch14
 
     assert "called" in failure("14-selection-recall", ch14._selection_recall_reference)
     space = dict(vars(ch14))
