@@ -63,8 +63,8 @@ class LuongSeq2Seq(Seq2Seq):
 
 
 def train_input_feeding(input_feeding: bool, seed: int, config: Seq2SeqConfig | None = None,
-                        lengths: list[int] | None = None, n: int = 200) -> list[float]:
-    """Train a general-score :class:`LuongSeq2Seq` (with or without input feeding; `seed` sets its initialisation
+                        lengths: list[int] | None = None, n: int = 200, score: str = "general") -> list[float]:
+    """Train a :class:`LuongSeq2Seq` with `score` (with or without input feeding; `seed` sets its initialisation
     and its batches) and return its greedy digit accuracy at each of `lengths` (default min_len..max_len)."""
     from dataclasses import replace
 
@@ -72,6 +72,6 @@ def train_input_feeding(input_feeding: bool, seed: int, config: Seq2SeqConfig | 
 
     c = replace(config or Seq2SeqConfig(batch_size=32), seed=seed)
     torch.manual_seed(seed)
-    model = LuongSeq2Seq(c, "general", input_feeding=input_feeding)
+    model = LuongSeq2Seq(c, score, input_feeding=input_feeding)
     train(model, progress=False)
     return list(accuracy_by_length(model, lengths, n).values())

@@ -83,8 +83,12 @@ def heads_grid(
     yticklabels: Sequence[str] | str = "auto",
     cmap: str = "viridis",
     cbar_label: str = "weight",
+    vmin: float | None = None,
+    vmax: float | None = None,
 ) -> plt.Figure:
-    """One heatmap per head for `weights` of shape (H, Tq, Tk), sharing a colour scale."""
+    """One heatmap per head for `weights` of shape (H, Tq, Tk), all on one colour scale so that the panels compare:
+    `vmin` to `vmax`, by default the smallest and largest finite value over every head (``vmin=0`` anchors attention
+    weights at 0)."""
     arr = _to_numpy(weights)
     if arr.ndim != 3:
         raise ValueError(f"weights must be (H, Tq, Tk), got shape {arr.shape}")
@@ -93,7 +97,10 @@ def heads_grid(
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.9 * rows), squeeze=False)
     finite = arr[np.isfinite(arr)]
-    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0, 1)
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    vmin, vmax = (low if vmin is None else float(vmin)), (high if vmax is None else float(vmax))
+    if vmin > vmax:
+        raise ValueError(f"vmin must be <= vmax, got vmin={vmin}, vmax={vmax}")
     for i, ax in enumerate(axes.flat):
         if i >= n:
             ax.axis("off")

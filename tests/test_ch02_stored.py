@@ -78,3 +78,22 @@ def test_stored_input_feeding_run_is_what_the_code_trains():
     assert all(torch.tensor(a).shape == (3, len(lengths)) for a in stored["accuracy"].values())
     row = train_input_feeding(False, 1, config, lengths, 200)
     torch.testing.assert_close(torch.tensor(row), torch.tensor(stored["accuracy"]["no feeding"][1]), rtol=0, atol=0.005)
+
+
+def test_stored_dot_input_feeding_run_is_what_the_code_trains():
+    """results/ch02_input_feeding_dot.json (the same comparison with the dot score and batches of 64) is what the
+    lesson's cell trains: seed 2 without feeding retrained here."""
+    from attncourse.luong import train_input_feeding
+
+    nb = nbformat.read(ROOT / "notebooks" / "02_luong_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_FEED_DOT =" in c.source)
+    assert "dot_config = Seq2SeqConfig()" in cell
+    assert 'train_input_feeding(flag, seed, dot_config, lengths, 200, score="dot")' in cell
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch02_input_feeding_dot.json").read_text())
+    config = Seq2SeqConfig()
+    lengths = list(range(config.min_len, config.max_len + 1))
+    assert (stored["batch_size"], stored["steps"], stored["score"]) == (64, config.steps, "dot")
+    assert stored["lengths"] == lengths
+    assert all(torch.tensor(a).shape == (3, len(lengths)) for a in stored["accuracy"].values())
+    row = train_input_feeding(False, 2, config, lengths, 200, score="dot")
+    torch.testing.assert_close(torch.tensor(row), torch.tensor(stored["accuracy"]["no feeding"][2]), rtol=0, atol=0.005)

@@ -111,3 +111,12 @@ def test_line_plot_rejects_length_mismatch():
     with pytest.raises(ValueError, match=r"curve 'a' has 2 values for 3 x positions"):
         plot.line_plot([1, 2, 3], {"a": [1.0, 2.0]}, title="t", xlabel="x", ylabel="y")
     plt.close("all")
+
+
+def test_heads_grid_takes_one_anchored_scale():
+    w = torch.rand(3, 4, 4) * 0.5 + 0.2
+    fig = plot.heads_grid(w, title="anchored", vmin=0, vmax=1)
+    assert {ax.collections[0].get_clim() for ax in fig.axes if ax.get_title().startswith("head ")} == {(0.0, 1.0)}
+    with pytest.raises(ValueError, match="vmin"):
+        plot.heads_grid(w, title="x", vmin=1, vmax=0)
+    plt.close("all")

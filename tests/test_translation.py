@@ -1,0 +1,69 @@
+"""Chapter 01's real-language section: the committed Tatoeba corpus (with its licence), its tokenising and split,
+greedy translation with attention weights, and the stored 3-seed run (notebooks/results/ch01_translation.json) is
+what the lesson's recipe trains (one model retrained here)."""
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from attncourse.seq2seq import PAD
+from attncourse.translation import (CORPUS, EOS, config_for, load_corpus, loss_on, tokenize, train_translation,
+                                    translate)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_corpus_is_committed_small_and_attributed():
+    readme = (CORPUS.parent / "README.md").read_text(encoding="utf-8")
+    assert "CC-BY 2.0" in readme and "tatoeba" in readme.lower()
+    assert CORPUS.stat().st_size < 1_000_000
+    lines = CORPUS.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 5000 and all(line.count("\t") == 2 and "tatoeba.org #" in line for line in lines)
+
+
+def test_one_target_per_english_sentence(tmp_path):
+    path = tmp_path / "pairs.txt"
+    path.write_text("Go.\tVa !\tx\nGo.\tMarche.\tx\nHi.\tSalut !\tx\nHi there.\tSalut !\tx\n", encoding="utf-8")
+    corpus = load_corpus(path, test_fraction=0.5)
+    pairs = corpus.test_pairs + [p for p in [(["go", "."], ["va", "!"]), (["hi", "."], ["salut", "!"]),
+                                             (["hi", "there", "."], ["salut", "!"])] if p not in corpus.test_pairs]
+    assert len(corpus.train[0]) + len(corpus.test[0]) == 3 and (["go", "."], ["marche", "."]) not in pairs
+
+
+def test_tokenize_and_split():
+    assert tokenize("I'm cold, Tom!") == ["i'm", "cold", ",", "tom", "!"]
+    assert tokenize("J\u2019ai gagné.") == ["j'ai", "gagné", "."]
+    corpus = load_corpus()
+    src, lengths, tgt = corpus.train
+    assert len(src) + len(corpus.test[0]) == 2597 and len(corpus.test_pairs) == len(corpus.test[0]) == 259
+    assert ((tgt == EOS).sum(1) == 1).all() and (src[torch.arange(len(src)), lengths - 1] != PAD).all()
+    assert corpus.words[:4] == ["<pad>", "<sos>", "<eos>", "<unk>"]
+    assert config_for(corpus).vocab_size == len(corpus.words)
+    with pytest.raises(ValueError, match="test_fraction"):
+        load_corpus(test_fraction=1.5)
+
+
+def test_translate_gives_weights_over_the_source_words():
+    corpus = load_corpus()
+    model, losses = train_translation("additive", corpus, config_for(corpus, steps=3))
+    assert len(losses) == 3
+    words, weights = translate(model, corpus, ["i", "am", "cold", "."], max_len=5)
+    assert 1 <= len(words) <= 5 and weights.shape == (len(words), 4)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(words)))
+    assert translate(train_translation("none", corpus, config_for(corpus, steps=1))[0], corpus, ["hi", "."])[1] is None
+
+
+def test_stored_translation_run_is_what_the_recipe_trains():
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch01_translation.json").read_text(encoding="utf-8"))
+    corpus = load_corpus()
+    config = config_for(corpus)
+    assert (stored["steps"], stored["batch_size"], stored["vocabulary"]) == (config.steps, config.batch_size, 1152)
+    assert sorted(stored["runs"]) == [f"{k} {s}" for k in ("additive", "none") for s in (0, 1, 2)]
+    model, _ = train_translation("additive", corpus, replace(config, seed=1))
+    run = stored["runs"]["additive 1"]
+    with torch.no_grad():
+        assert abs(loss_on(model, corpus.test).item() - run["test_loss"]) < 2e-3
+    english = [e.split() for e in stored["examples"]]
+    assert [" ".join(translate(model, corpus, e)[0]) for e in english] == run["translations"]
