@@ -63,7 +63,8 @@ def chunks_at_once(q, k, v, g, initial_state, chunk_size):
 def with_initial_state(route):
     """An answer to the old exercise (zero initial state, the output only), completed by test code: the initial
     state's share of every output added and the boundary states carried chunk by chunk. Whatever `route` does wrong
-    (its layout, its work, its arithmetic) stays."""
+    (its layout, its work, its arithmetic) stays. The state loop repeats checks/ch13.py's `_shortcut_parallel` on
+    purpose: an answer that called the checks module would be refused for that call, not for what `route` does."""
     def answer(q, k, v, g, initial_state, chunk_size):
         o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
         S, states = initial_state, [initial_state]
