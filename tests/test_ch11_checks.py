@@ -67,6 +67,39 @@ def test_tile_states(tmp_path, monkeypatch):
         return partial[0, 0].long() + 2 * full[0, 0].long()
 
     refused("11-tile-states", flex_private, tmp_path, monkeypatch, because="_convert_mask_to_block_mask")
+
+    def states_of_rows(rows, t_q, t_k, block_q, block_k):  # plain Python over tiles, from the mask as lists
+        spans = lambda n, b: [range(a * b, min(n, (a + 1) * b)) for a in range(-(-n // b))]  # noqa: E731
+        return torch.tensor([[2 if all(c) else 1 if any(c) else 0 for c in ([rows[i][j] for i in r for j in s]
+                              for s in spans(t_k, block_k))] for r in spans(t_q, block_q)], dtype=torch.long)
+
+    def bool_lists(mask, block_q, block_k):  # the cold review's route: booleans escape a float read-out budget
+        return states_of_rows(mask.tolist(), *mask.shape, block_q, block_k)
+
+    def index_lists(mask, block_q, block_k):  # integers: the allowed pairs' coordinates
+        rows = [[False] * mask.shape[1] for _ in range(mask.shape[0])]
+        for i, j in mask.nonzero().tolist():
+            rows[i][j] = True
+        return states_of_rows(rows, *mask.shape, block_q, block_k)
+
+    for route in (bool_lists, index_lists):
+        refused("11-tile-states", route, tmp_path, monkeypatch, because="numbers out of its tensors")
+
+    def raw_bytes(mask, block_q, block_k):  # the mask's memory read through ctypes
+        import ctypes
+        m = mask.contiguous()
+        flat = list((ctypes.c_bool * m.numel()).from_address(m.untyped_storage().data_ptr()))
+        return states_of_rows([flat[i * m.shape[1]:(i + 1) * m.shape[1]] for i in range(m.shape[0])], *m.shape,
+                              block_q, block_k)
+
+    refused("11-tile-states", raw_bytes, tmp_path, monkeypatch, because="data_ptr")
+
+    def pickled(mask, block_q, block_k):  # the mask's bytes through its pickle
+        import pickle
+        pickle.dumps(mask)
+        return tile_states_reduce(mask, block_q, block_k)
+
+    refused("11-tile-states", pickled, tmp_path, monkeypatch, because="__reduce_ex__")
     refuses_breakers("11-tile-states", tmp_path, monkeypatch, because="not the way")
 
 

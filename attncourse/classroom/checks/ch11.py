@@ -52,12 +52,24 @@ def _no_loop_over_tiles(runs) -> str | None:
     def ops(run):
         return sum((run.trace or {}).get("counts", {}).values()) + (run.trace or {}).get("dropped", 0)
 
+    def read(run):  # booleans and integers too: a mask read out into lists is the loop over tiles, moved to Python
+        return (run.trace or {}).get("read", 0)
+
     few, many = min(runs, key=tiles), max(runs, key=tiles)
+    if read(many) > 2 * read(few) + 20:
+        return (f"your code read {read(many)} numbers out of its tensors into plain Python for {tiles(many)} tiles "
+                f"and {read(few)} for {tiles(few)}: the tiles are reduced in Python, not in PyTorch; reduce every "
+                "tile at once with tensor operations")
     if ops(many) > 2 * ops(few) + 20:
         return (f"your code ran {ops(many)} PyTorch operations for {tiles(many)} tiles and {ops(few)} for "
                 f"{tiles(few)}: the work grows with the number of tiles, so it loops over tiles in Python; "
                 "reduce every tile at once")
     return None
+
+
+# The mask's bytes reached without a read-out the trace counts: its address (for ctypes) or its pickle.
+READ_AROUND = ("torch.Tensor.data_ptr", "torch.UntypedStorage.data_ptr", "torch.Tensor.__reduce_ex__",
+               "ctypes.string_at", "ctypes.cast")
 
 
 def _flex_callables() -> tuple[str, ...]:
@@ -70,7 +82,8 @@ def _flex_callables() -> tuple[str, ...]:
 
 
 @exercise("11-tile-states", "tile_states_of", points=2, category="implement",
-          forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map", *_flex_callables()),
+          forbid=("attncourse.block_sparse.tile_states", "attncourse.flash.causal_tile_map", *_flex_callables(),
+                  *READ_AROUND),
           allow=(), ops=("attention",), prop=_no_loop_over_tiles,
           prop_doc="every tile is reduced at once: the operation count does not grow with the number of tiles",
           breakers=(_breaker_tile_states,),

@@ -526,7 +526,7 @@ class Guard:
         self.tracing = bool(pol.get("trace"))
         self.scalars, self.scalar_budget = 0, None  # numbers read out of tensors (item, tolist): see run()
         self._complex = "complex" in self.families
-        self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0}
+        self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0, "read": 0}  # read: numbers of any dtype
         self.labels = {}
         self._kinds = {}
         self.copies = {}
@@ -707,11 +707,12 @@ class Guard:
                 if not launched and not self._inside_allowed(frame.f_back):
                     fam = next((f for f in self.families if pkg in PACKAGES.get(f, ())), None)
                     self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back), fam)
-            elif kind == "torch" and self.scalar_budget is not None and code.co_name in ("tolist", "__getitem__") \
-                    and code.co_filename.endswith("storage.py"):  # a storage's bytes, read out
+            elif kind == "torch" and (self.scalar_budget is not None or self.tracing) and \
+                    code.co_name in ("tolist", "__getitem__") and code.co_filename.endswith("storage.py"):  # bytes read
                 owner = frame.f_locals.get("self")
-                self._read_out(len(owner) if code.co_name == "tolist" else 1, f"{type(owner).__name__}.{code.co_name}",
-                               frame.f_back)
+                n = len(owner) if code.co_name == "tolist" else 1
+                self._note_read(n)
+                self._read_out(n, f"{type(owner).__name__}.{code.co_name}", frame.f_back)
             elif kind == "torch" and frame.f_back is not None and self._kind(frame.f_back.f_code) == "learner" \
                     and any(e in code.co_name for e in ESCAPES):
                 self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back))
@@ -772,6 +773,11 @@ class Guard:
         if self.previous is not None:
             self.previous(frame, event, arg)
 
+    def _note_read(self, n):
+        """Numbers of any dtype read out into plain Python, for a property that counts them (``trace["read"]``)."""
+        if self.tracing and not self._allowed_frames and not self._launch_frames:
+            self.trace["read"] += n
+
     def _read_out(self, n, name, frame):
         """`n` floating-point numbers left PyTorch for plain Python (``item``, ``float(t)``, ``tolist``): refused
         past the budget. Integers and booleans (indices, counts, flags) are control flow and never counted."""
@@ -782,12 +788,14 @@ class Guard:
             self._hit(name, self._where(frame), "scalars")
 
     def _on_function(self, func, args=()):
-        if self.scalar_budget is not None and getattr(func, "__name__", None) == "tolist" and args:
+        if (self.scalar_budget is not None or self.tracing) and getattr(func, "__name__", None) == "tolist" and args:
             import torch
 
             t = args[0]
-            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):  # a subclass too (watched)
-                self._read_out(t.numel(), "Tensor.tolist", sys._getframe(2))
+            if isinstance(t, torch.Tensor):
+                self._note_read(t.numel())  # booleans and integers too: a property may count them
+                if self.scalar_budget is not None and (t.is_floating_point() or t.is_complex()):  # a subclass too
+                    self._read_out(t.numel(), "Tensor.tolist", sys._getframe(2))
         try:
             dotted = self.builtins.get(func)
         except TypeError:
