@@ -527,3 +527,18 @@ def test_forbidding_autograd_forbids_its_engine(exercise, verdicts):
                                                                           [x])[0]):
         cell, (status, message) = verdicts(ex, answer)
         assert cell is not None and "called" in cell and status == "failed", (cell, status, message)
+
+
+def test_the_trace_counts_every_number_read_out_whatever_its_dtype():
+    """Booleans and integers escape the float read-out budget (they are control flow), but the trace records them,
+    so an exercise's property can refuse a mask read out into lists (chapter 11's tile states)."""
+    import torch
+
+    mask = torch.rand(6, 7, generator=torch.Generator().manual_seed(0)) < 0.5
+
+    def as_lists(m):
+        return sum(map(sum, m.tolist())) + len(m.nonzero().tolist())
+
+    ran = forbidden.run(as_lists, (mask,), {}, forbidden.policy(ops=("numpy",), trace=True))
+    assert not ran["used"] and ran["trace"]["read"] == 42 + 2 * int(mask.sum())  # the booleans, then the indices
+    assert forbidden.run(as_lists, (mask,), {}, forbidden.policy(ops=("numpy",)))["trace"] is None
