@@ -365,7 +365,7 @@ def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
                 int(masks.materialize(masks.sliding_window(mask[2]), mask[0], mask[1]).sum()))
 
     def checker_reference(cache, sink_cache, mask):
-        from attncourse.classroom.checks.ch07 import predicted_sizes_reference
+        from attncourse.classroom.checks.ch07_predict import predicted_sizes_reference
         return predicted_sizes_reference(cache, sink_cache, mask)
 
     def by_torch(cache, sink_cache, mask):  # the mask's pairs counted with tensors
