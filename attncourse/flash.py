@@ -34,14 +34,14 @@ import torch
 from . import _validate
 from .flash_io import ALIGNS, check_causal_options  # noqa: F401  (ALIGNS re-exported)
 from .flash_io import (Band, HBMTraffic, TrafficCounter, causal_block_counts, causal_tile_map,  # noqa: F401
-                       check_int, check_qkv, flash_block_sizes, hbm_traffic_fa2, hbm_traffic_fa2_backward,
+                       check_int, check_qkv, flash_block_sizes, hbm_traffic_fa2,
                        hbm_traffic_flash, hbm_traffic_standard_backward,
                        hbm_traffic_standard, theorem2_bound, tile_map)
 from .sdpa import compute_dtype as _compute_dtype  # half precision tiles accumulate in float32
 
 __all__ = ["ALIGNS", "FlashAttentionFunction", "default_block_sizes", "flash_attention", "flash_attention_backward",
            "flash_attention_forward", "causal_tile_map", "causal_block_counts", "hbm_traffic_standard",
-           "hbm_traffic_flash", "hbm_traffic_fa2", "hbm_traffic_fa2_backward",
+           "hbm_traffic_flash", "hbm_traffic_fa2",
            "hbm_traffic_standard_backward", "flash_block_sizes", "theorem2_bound", "HBMTraffic", "Band",
            "TrafficCounter", "tile_map"]
 

@@ -42,7 +42,7 @@ def check_causal_options(is_causal, causal_align: str, window: int | None) -> in
 __all__ = ["ALIGNS", "Band", "HBMTraffic", "TrafficCounter", "causal_block_counts", "causal_tile_map", "check_causal_options",
            "check_int", "check_qkv",
            "flash_block_sizes",
-           "hbm_traffic_fa2", "hbm_traffic_fa2_backward", "hbm_traffic_flash", "hbm_traffic_standard",
+           "hbm_traffic_fa2", "hbm_traffic_flash", "hbm_traffic_standard",
            "hbm_traffic_standard_backward", "theorem2_bound", "tile_map"]
 
 
@@ -284,41 +284,6 @@ def hbm_traffic_standard_backward(seq_len: int, head_dim: int) -> HBMTraffic:
     _model_args(seq_len, head_dim)
     n, d = seq_len, head_dim
     return HBMTraffic(reads=5 * n * n + 5 * n * d, writes=2 * n * n + 3 * n * d)
-
-
-def hbm_traffic_fa2_backward(seq_len: int, head_dim: int, *, block_q: int, block_k: int,
-                             is_causal: bool = False) -> HBMTraffic:
-    """Elements the tiled backward of :mod:`attncourse.flash` moves to and from slow memory, one head of
-    N = seq_len queries and keys, head dimension d = head_dim (FlashAttention-2's backward order: key blocks
-    outside, query blocks inside).
-
-    Counted as the loop runs it: a preprocessing pass for D = rowsum(dO * O); then per key block of `block_k`
-    rows the blocks of K and V it loads and the dK, dV blocks it writes once; per tile the query-side rows it
-    loads and the dQ rows it accumulates in slow memory. Under ``is_causal`` (top-left) a key block skips the
-    query blocks that lie wholly before it. Checked against the loop's own count (`TrafficCounter` passed to
-    :func:`attncourse.flash.flash_attention_backward`) in ``tests/test_flash_io.py`` and lesson 09.
-
-    Raises:
-        ValueError: a size not a positive int.
-    """
-    _model_args(seq_len, head_dim)
-    block_q = _validate.positive_int("block_q", block_q)
-    block_k = _validate.positive_int("block_k", block_k)
-    n, d = seq_len, head_dim
-    band = Band(causal=bool(is_causal))
-    reads, writes = 2 * n * d, n  # D = rowsum(dO * O): reads O and dO, writes D
-    for k0 in range(0, n, block_k):
-        k1 = min(k0 + block_k, n)
-        lo, hi = band.query_range(k0, k1, n, block_q)
-        if lo >= hi:
-            continue
-        reads += 2 * (k1 - k0) * d  # K_j, V_j: on chip for the whole inner loop
-        for q0 in range(lo, hi, block_q):
-            rows = min(q0 + block_q, hi) - q0
-            reads += rows * (d + d + 2 + d)  # Q_i, dO_i, lse_i, D_i, and dQ_i read to be added to
-            writes += rows * d  # dQ_i written back
-        writes += 2 * (k1 - k0) * d  # dK_j, dV_j once, when the key block is done
-    return HBMTraffic(reads=reads, writes=writes, block_r=block_q, block_c=block_k)
 
 
 def theorem2_bound(seq_len: int, head_dim: int, sram: int) -> float:

@@ -329,8 +329,19 @@ def predicted_sizes(cache, sink_cache, mask):
     batch, n_kv_heads, head_dim, capacity, nbytes = cache
     window, n_sink, n_tokens = sink_cache
     q_len, k_len, w = mask
-    pairs = sum(max(0, min(i, k_len - 1) - max(0, i - w + 1) + 1) for i in range(q_len))
+    # pairs at distance t = i - j in [0, min(w, q_len)): min(k_len, q_len - t) of them
+    full = max(0, min(w, q_len, q_len - k_len + 1))  # distances at which every key has its query
+    top = min(w, q_len)
+    pairs = full * k_len + (top - full) * q_len - (top * (top - 1) - full * (full - 1)) // 2
     return 2 * batch * n_kv_heads * capacity * head_dim * nbytes, min(n_tokens, n_sink + window - 1), pairs
+
+
+def test_predicted_sizes_closed_form_matches_rows():  # the test's rule against a row-by-row count, small sizes
+    for q_len in range(1, 14):
+        for k_len in range(1, 14):
+            for w in range(1, 16):
+                rows = sum(max(0, min(i, k_len - 1) - max(0, i - w + 1) + 1) for i in range(q_len))
+                assert predicted_sizes((1, 1, 1, 1, 2), (1, 0, 1), (q_len, k_len, w))[2] == rows
 
 
 def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
@@ -339,7 +350,10 @@ def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
     accepted("07-predict-sizes", predicted_sizes, tmp_path, monkeypatch)
     ex = checks.get("07-predict-sizes")
     assert salted_grader(ex, predicted_sizes, SALT, tmp_path, monkeypatch)[0] == "passed"
-    assert len(ex.make_cases()) >= 3  # the printed configuration and drawn ones
+    cases = ex.make_cases()
+    assert len(cases) >= 4  # the printed configuration, drawn ones, and a long context
+    long_cache, long_sink, long_mask = cases[-1].args  # no simulation can finish on it
+    assert long_cache[3] > 2 ** 31 and long_sink[2] > 2 ** 40 and min(long_mask) > 2 ** 28
 
     def package(cache, sink_cache, mask):  # the review's route: the package measures each count
         from attncourse import KVCache, SinkWindowCache, masks
@@ -351,7 +365,7 @@ def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
                 int(masks.materialize(masks.sliding_window(mask[2]), mask[0], mask[1]).sum()))
 
     def checker_reference(cache, sink_cache, mask):
-        from attncourse.classroom.checks.ch07 import predicted_sizes_reference
+        from attncourse.classroom.checks.ch07_predict import predicted_sizes_reference
         return predicted_sizes_reference(cache, sink_cache, mask)
 
     def by_torch(cache, sink_cache, mask):  # the mask's pairs counted with tensors
@@ -373,10 +387,19 @@ def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
 
     def bottom_right(cache, sink_cache, mask):  # the window counted as if the queries were the last ones
         q_len, k_len, w = mask
-        pairs = sum(min(w, p + 1) for p in range(k_len - q_len, k_len)) if q_len <= k_len else -1
+        pairs = sum(min(w, p + 1) for p in range(k_len - q_len, k_len)) if q_len <= min(k_len, 10 ** 5) else -1
         return predicted_sizes(cache, sink_cache, mask)[:2] + (pairs,)
 
-    for wrong in (typed, no_eviction, bottom_right):
+    def simulated(cache, sink_cache, mask):  # the review's route: a stream and a mask simulated, within a budget
+        window, n_sink, n_tokens = sink_cache
+        kept = []
+        for t in range(min(n_tokens, 10 ** 5)):  # the long stream cannot be run to its end
+            kept = [p for p in kept + [t] if p < n_sink or p > t - window]
+        q_len, k_len, w = mask
+        pairs = sum(1 for i in range(min(q_len, 300)) for j in range(min(k_len, 300)) if 0 <= i - j < w)
+        return predicted_sizes(cache, sink_cache, mask)[0], len(kept), pairs
+
+    for wrong in (typed, no_eviction, bottom_right, simulated):
         msg = failure("07-predict-sizes", wrong)
         assert "prediction is not right" in msg, (wrong.__name__, msg)
         for value in printed:

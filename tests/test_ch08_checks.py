@@ -200,6 +200,31 @@ def test_one_pass_log_softmax_buffering_refused(route, tmp_path, monkeypatch):
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
 
 
+def states_per_chunk_merged(chunks, chunk_size):  # review 8: one read per entry, a (max, sum) kept per chunk
+    outs, ms, ls = [], [], []
+    for c in chunks:
+        mc = c.amax(-1)
+        shift = torch.where(torch.isinf(mc), torch.zeros_like(mc), mc)
+        outs.append(c.clone())
+        ms.append(mc)
+        ls.append(torch.exp(c - shift[..., None]).sum(-1))
+    m_all, l_all = torch.stack(ms), torch.stack(ls)  # (K, ...): one state per chunk
+    m = m_all.amax(0)
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    lse = shift + torch.log((l_all * torch.exp(m_all - shift)).sum(0))
+    out = torch.cat(outs, -1)
+    return torch.where(torch.isneginf(lse)[..., None], torch.full_like(out, -math.inf), out - lse[..., None])
+
+
+def test_one_pass_log_softmax_states_per_chunk_told_the_true_reason(tmp_path, monkeypatch):
+    x = torch.randn(4, 8, dtype=torch.float64)
+    torch.testing.assert_close(states_per_chunk_merged(iter([c.clone() for c in x.split(2, -1)]), 2),
+                               torch.log_softmax(x, -1))
+    msg, graded = refused("08-one-pass-log-softmax", states_per_chunk_merged, tmp_path, monkeypatch)
+    for text in (msg, graded):
+        assert "a state per chunk" in text and "fixed size per row" in text and "another pass" not in text, text
+
+
 @pytest.mark.parametrize("route", [three_pass_ignoring_chunks, keeps_references])
 def test_one_pass_log_softmax_whole_input_routes_fail(route, tmp_path, monkeypatch):
     refused("08-one-pass-log-softmax", route, tmp_path, monkeypatch)  # a stream has no .amax; kept chunks are NaN

@@ -268,92 +268,105 @@ def test_prediction_verify_cell_waits_for_a_pass():
             assert cell.source.startswith('if passed("09-predict-hbm")'), i
 
 
-def hbm_prediction(seq_len, head_dim, block_q, block_k, is_causal):
+def hbm_prediction(seq_len, head_dim, block_q, block_k, is_causal, window):
     n, d = seq_len, head_dim
     reads, writes = 2 * n * d, n
     for k0 in range(0, n, block_k):
         rows_k = min(block_k, n - k0)
         reads, writes = reads + 2 * rows_k * d, writes + 2 * rows_k * d
-        for q0 in range(k0 // block_q * block_q if is_causal else 0, n, block_q):
-            rows_q = min(block_q, n - q0)
+        stop = min(n, k0 + rows_k - 1 + window) if window else n
+        for q0 in range(k0 // block_q * block_q if is_causal else 0, stop, block_q):
+            rows_q = min(block_q, stop - q0)
             reads, writes = reads + rows_q * (3 * d + 2), writes + rows_q * d
     return reads, writes
 
 
-def test_backward_model_equals_the_loops_count():
+def test_backward_count_equals_the_rule_and_extends_in_d():
+    from attncourse.classroom.checks.ch09 import _counted_backward, hbm_backward_reference
     from attncourse.flash import flash_attention_backward, flash_attention_forward
-    from attncourse.flash_io import TrafficCounter, hbm_traffic_fa2_backward
+    from attncourse.flash_io import TrafficCounter
 
-    for n, d, bq, bk in ((37, 4, 8, 16), (64, 8, 16, 16), (101, 8, 32, 8)):
-        for causal in (False, True):
+    for n, d, bq, bk, window in ((37, 4, 8, 16, None), (64, 8, 16, 16, 5), (101, 8, 32, 8, 40), (90, 8, 16, 32, 7)):
+        for causal in ((False, True) if window is None else (True,)):
             x, do = torch.randn(1, 1, n, d, dtype=torch.float64), torch.randn(1, 1, n, d, dtype=torch.float64)
-            o, lse = flash_attention_forward(x, x, x, is_causal=causal, block_q=bq, block_k=bk)
+            o, lse = flash_attention_forward(x, x, x, is_causal=causal, window=window, block_q=bq, block_k=bk)
             counter = TrafficCounter()
-            flash_attention_backward(x, x, x, o, lse, do, is_causal=causal, block_q=bq, block_k=bk, traffic=counter)
-            model = hbm_traffic_fa2_backward(n, d, block_q=bq, block_k=bk, is_causal=causal)
-            assert (counter.total_reads, counter.total_writes) == (model.reads, model.writes)
-            assert (model.reads, model.writes) == hbm_prediction(n, d, bq, bk, causal)
-    with pytest.raises(ValueError, match="block_q"):
-        hbm_traffic_fa2_backward(64, 8, block_q=0, block_k=8)
+            flash_attention_backward(x, x, x, o, lse, do, is_causal=causal, window=window, block_q=bq, block_k=bk,
+                                     traffic=counter)
+            counted = (counter.total_reads, counter.total_writes)
+            assert counted == hbm_prediction(n, d, bq, bk, causal, window) == _counted_backward(n, d, bq, bk, causal,
+                                                                                                 window)
+            assert hbm_backward_reference(n, d, bq, bk, causal, window) == counted  # counted at d = 1, 2, extended
+    threads = torch.get_num_threads()
+    hbm_backward_reference(64, 8, 16, 16, True)
+    assert torch.get_num_threads() == threads
 
 
 def test_prediction_is_a_rule_the_package_cannot_answer(tmp_path, monkeypatch):
     from test_salting import SALT, _grader as salted_grader
 
+    import attncourse.flash_io
+    assert not hasattr(attncourse.flash_io, "hbm_traffic_fa2_backward")  # no formula in the package to retype
     accepted("09-predict-hbm", hbm_prediction, tmp_path, monkeypatch)
     ex = checks.get("09-predict-hbm")
     assert salted_grader(ex, hbm_prediction, SALT, tmp_path, monkeypatch)[0] == "passed"
 
-    def package(seq_len, head_dim, block_q, block_k, is_causal):  # the model the lesson uses
-        from attncourse.flash_io import hbm_traffic_fa2_backward
-        t = hbm_traffic_fa2_backward(seq_len, head_dim, block_q=block_q, block_k=block_k, is_causal=is_causal)
-        return t.reads, t.writes
-
-    def checker_reference(seq_len, head_dim, block_q, block_k, is_causal):
+    def checker_reference(seq_len, head_dim, block_q, block_k, is_causal, window):
         from attncourse.classroom.checks.ch09 import hbm_backward_reference
-        return hbm_backward_reference(seq_len, head_dim, block_q, block_k, is_causal)
+        return hbm_backward_reference(seq_len, head_dim, block_q, block_k, is_causal, window)
 
-    def counted(seq_len, head_dim, block_q, block_k, is_causal):  # run the instrumented loop and read its count
+    def counted(seq_len, head_dim, block_q, block_k, is_causal, window):  # run the instrumented loop, read its count
         from attncourse.flash import flash_attention_backward, flash_attention_forward
         from attncourse.flash_io import TrafficCounter
         x = torch.zeros(1, 1, seq_len, head_dim)
-        o, lse = flash_attention_forward(x, x, x, is_causal=is_causal, block_q=block_q, block_k=block_k)
+        o, lse = flash_attention_forward(x, x, x, is_causal=is_causal, window=window, block_q=block_q,
+                                         block_k=block_k)
         c = TrafficCounter()
-        flash_attention_backward(x, x, x, o, lse, x, is_causal=is_causal, block_q=block_q, block_k=block_k, traffic=c)
+        flash_attention_backward(x, x, x, o, lse, x, is_causal=is_causal, window=window, block_q=block_q,
+                                 block_k=block_k, traffic=c)
         return c.total_reads, c.total_writes
 
-    for route in (package, checker_reference, counted):
+    for route in (checker_reference, counted):
         msg = refused("09-predict-hbm", route, tmp_path, monkeypatch)[0]
         assert "called" in msg or "ran" in msg, (route.__name__, msg)
 
-    printed = hbm_prediction(4096, 128, 128, 64, True)
+    printed = hbm_prediction(4096, 128, 128, 64, True, None)
 
-    def typed(seq_len, head_dim, block_q, block_k, is_causal):  # the exercise's configuration, typed in
+    def typed(seq_len, head_dim, block_q, block_k, is_causal, window):  # the exercise's configuration, typed in
         return printed
 
-    def floor_blocks(seq_len, head_dim, block_q, block_k, is_causal):  # a partial last block forgotten
+    def floor_blocks(seq_len, head_dim, block_q, block_k, is_causal, window):  # a partial last block forgotten
         n, d = seq_len, head_dim
         t_c = n // block_k
         return 2 * n * d + 2 * n * d + t_c * n * (3 * d + 2), n + 2 * n * d + t_c * n * d
 
-    def no_skip(seq_len, head_dim, block_q, block_k, is_causal):  # the causal mask ignored
-        return hbm_prediction(seq_len, head_dim, block_q, block_k, False)
+    def no_skip(seq_len, head_dim, block_q, block_k, is_causal, window):  # the causal mask ignored
+        return hbm_prediction(seq_len, head_dim, block_q, block_k, False, None)
 
-    def skip_by_key_grid(seq_len, head_dim, block_q, block_k, is_causal):  # the first query row, not its block
+    def no_window(seq_len, head_dim, block_q, block_k, is_causal, window):  # the window's early stop ignored
+        return hbm_prediction(seq_len, head_dim, block_q, block_k, is_causal, None)
+
+    def window_on_the_grid(seq_len, head_dim, block_q, block_k, is_causal, window):  # whole last query block
+        if window:
+            window = -(-(block_k + window - 1) // block_q) * block_q + block_q
+        return hbm_prediction(seq_len, head_dim, block_q, block_k, is_causal, window)
+
+    def skip_by_key_grid(seq_len, head_dim, block_q, block_k, is_causal, window):  # the first query row, not its block
         n, d = seq_len, head_dim
         reads, writes = 2 * n * d, n
         for k0 in range(0, n, block_k):
             rows_k = min(block_k, n - k0)
             reads, writes = reads + 2 * rows_k * d, writes + 2 * rows_k * d
-            rows = n - k0 if is_causal else n
+            stop = min(n, k0 + rows_k - 1 + window) if window else n
+            rows = stop - k0 if is_causal else n
             reads, writes = reads + rows * (3 * d + 2), writes + rows * d
         return reads, writes
 
-    def forward_only(seq_len, head_dim, block_q, block_k, is_causal):  # the forward's model, recalled
+    def forward_only(seq_len, head_dim, block_q, block_k, is_causal, window):  # the forward's model, recalled
         n, d = seq_len, head_dim
         return n * d + -(-n // block_q) * 2 * n * d, n * d + n
 
-    for wrong in (typed, floor_blocks, no_skip, skip_by_key_grid, forward_only):
+    for wrong in (typed, floor_blocks, no_skip, no_window, window_on_the_grid, skip_by_key_grid, forward_only):
         msg = failure("09-predict-hbm", wrong)
         assert "prediction is not right" in msg and f"{printed[0]}" not in msg and f"{printed[0]:,}" not in msg
 

@@ -284,55 +284,7 @@ def _evict():
     return cases
 
 
-# ----------------------------------------------------------------------------- 5. predict
-
-
-SIZES_QUESTION = ((3, 2, 64, 100, 2), (4, 8, 5), (6, 9, 1))  # the configuration the exercise prints
-
-
-def predicted_sizes_reference(cache: tuple, sink_cache: tuple, mask: tuple) -> tuple[int, int, int]:
-    """The checker's reference, measured with the package: (bytes of a preallocated KVCache, len of a
-    SinkWindowCache after some one-token updates, True entries of a materialised sliding-window mask).
-
-    cache = (batch_size, n_kv_heads, head_dim, capacity, bytes_per_element: 2 or 4),
-    sink_cache = (window, n_sink, n_tokens), mask = (q_len, k_len, window)."""
-    b, h, d, capacity, nbytes = cache
-    dtype = {2: torch.bfloat16, 4: torch.float32}[nbytes]
-    ring = SinkWindowCache(1, 1, 1, window=sink_cache[0], n_sink=sink_cache[1])
-    for _ in range(sink_cache[2]):
-        ring.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
-    return (KVCache(b, h, d, capacity, dtype=dtype).nbytes, len(ring),
-            int(materialize(sliding_window(mask[2]), mask[0], mask[1]).sum()))
-
-
-@exercise("07-predict-sizes", "predicted_sizes", points=1, category="predict",
-          parts=("KVCache bytes", "SinkWindowCache length", "allowed pairs"),
-          forbid=("attncourse.kv_cache.KVCache", "attncourse.kv_cache.SinkWindowCache", "attncourse.gqa.kv_cache_bytes",
-                  *_MASK_FUNCTIONS),
-          allow=(), ops=("torch",),
-          prop_doc="the prediction is three counts in plain integers, written as a function of the configuration so "
-                   "that no package call (the caches themselves, the mask functions, the checker's reference) can "
-                   "stand in for it: equal counts on every configuration, the exercise's and drawn ones, are the skill",
-          hint="a preallocated cache holds keys and values for its whole capacity, whatever is filled, at the size of "
-               "its dtype; a sink is kept forever once it has arrived, and a window cache keeps only the keys the "
-               "next query may still see; materialize puts query i at position i (top-left): count, row by row, "
-               "the keys a window of W lets it see, and mind the rows near either end")
-def _predict():
-    """Predict, as a function of the configuration, a KVCache's bytes, a SinkWindowCache's length after some
-    one-token updates, and the allowed pairs of a sliding-window mask."""
-    gen = torch.Generator().manual_seed(75)  # two more configurations, drawn (a salted grader draws others)
-    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
-    configs = [SIZES_QUESTION]
-    for evicting in (True, False):  # one stream long enough to evict, one not (yet)
-        cache = (pick(1, 4), 2 ** pick(0, 3), 16 * pick(1, 8), pick(1, 300), 2 * pick(1, 2))
-        window, n_sink = pick(1, 8), pick(0, 4)
-        n_tokens = n_sink + window + pick(0, 12) if evicting else pick(1, n_sink + window - 1 if n_sink + window > 1
-                                                                          else 1)
-        q_len, k_len = (pick(1, 10), pick(10, 20)) if evicting else (pick(8, 16), pick(1, 7))  # Tq < Tk, Tq > Tk
-        configs.append((cache, (window, n_sink, n_tokens), (q_len, k_len, pick(1, 6))))
-    return [Case(f"cache (B, Hkv, D, capacity, bytes)={c}, sink cache (window, n_sink, tokens)={s}, "
-                 f"mask (Tq, Tk, window)={m}", (c, s, m), expected=predicted_sizes_reference(c, s, m),
-                 compare="equal") for c, s, m in configs]
+# exercise 5 (predict the sizes): ch07_predict.py
 
 
 # ----------------------------------------------------------------------------- 6. experiment

@@ -125,9 +125,29 @@ _REDUCTIONS = re.compile(r"^(sum|nansum|mean|nanmean|amax|amin|max|min|aminmax|p
 _ENTRIES_PER_ELEMENT = 40  # one pass reads about 10-25 entries per entry of x (measured: tests/test_ch08_checks.py)
 
 
+def _reduction_widths(run) -> list[int]:
+    """The width of every reduction the answer ran on one case: its input's last axis, or the entries of a row it
+    holds, whichever is larger (a whole row hidden behind a trailing unit axis, or in another axis, is still a
+    whole row read at once)."""
+    x = run.case.args[0]
+    rows = max(x.numel() // max(x.shape[-1], 1), 1)
+    return [max((max(shape[-1], math.prod(shape) // rows) for _l, _o, shape, _s in tensors if len(shape)), default=0)
+            for name, _launch, _helper, tensors in run.trace["ops"] if _REDUCTIONS.match(_op(name).lstrip("_"))]
+
+
 def _reads_once(runs) -> str | None:
-    """One pass over a one-shot stream: no reduction over more than a chunk's entries, and, once the stream is
-    exhausted, a constant amount of work per row (not a second pass over kept chunks)."""
+    """One pass over a one-shot stream with a state of fixed size per row: no reduction over more than a chunk's
+    entries (a state kept per chunk and merged at the end is told so), and, once the stream is exhausted, a
+    constant amount of work per row (not a second pass over kept chunks)."""
+    for run in runs:  # a reduction over one value per chunk (fewer than the entries): per-chunk states, merged
+        x, chunk_size = run.case.args
+        n_chunks = -(-x.shape[-1] // chunk_size)
+        if run.trace.get("chunks", 0) == n_chunks and any(
+                chunk_size < wide <= n_chunks < x.shape[-1] for wide in _reduction_widths(run)):
+            return (f"case '{run.case.name}': your code reduces over {n_chunks} values of a row at once, one per "
+                    "chunk: it kept a state per chunk and merged them after the stream. That reads each entry once "
+                    "(it is exercise 1's merge, the split-K form), but the state grows with the number of chunks; "
+                    "this exercise asks for a state of fixed size per row, folded into as each chunk arrives")
     tails = {}
     for run in runs:
         x, chunk_size = run.case.args
@@ -136,16 +156,12 @@ def _reads_once(runs) -> str | None:
         if run.trace.get("chunks", 0) != expected_chunks:
             return f"case '{run.case.name}': your code took {run.trace.get('chunks', 0)} of the {expected_chunks} chunks"
         ops = run.trace["ops"]
-        rows = max(x.numel() // max(n, 1), 1)
-        for name, _launch, _helper, tensors in ops:
-            # a reduction's width: its input's last axis, or the entries of a row it holds, whichever is larger (a
-            # whole row hidden behind a trailing unit axis, or in another axis, is still a whole row read at once)
-            wide = max((max(shape[-1], math.prod(shape) // rows) for _l, _o, shape, _s in tensors if len(shape)),
-                       default=0)
-            if _REDUCTIONS.match(_op(name).lstrip("_")) and wide > chunk_size:
-                return (f"case '{run.case.name}': your code reduces over {wide} entries of a row at once, "
-                        f"more than a chunk ({chunk_size}): it kept the chunks and made another pass over them; "
-                        "fold each chunk into the running state while you hold it")
+        wide = max(_reduction_widths(run), default=0)
+        if wide > chunk_size:
+            return (f"case '{run.case.name}': your code reduces over {wide} values of a row at once, more than a "
+                    f"chunk ({chunk_size}): it kept the chunks (or a value per entry or per chunk) and went over "
+                    "them again after the stream; keep a state of fixed size per row and fold each chunk into it "
+                    "while you hold it")
         # the stream ends where the guard overwrites its last chunk with NaN (the first fill_ of that chunk: a label
         # follows a storage, and freed memory can come back under a new tensor)
         final = f"chunk {expected_chunks - 1}"
@@ -167,7 +183,8 @@ def _reads_once(runs) -> str | None:
     many = max(tails.values())
     if many[1] > few[1] + 4:
         return (f"after the last chunk your code runs {many[1]} operators for {many[0]} chunks and {few[1]} for "
-                f"{few[0]}: it goes over the kept chunks again; finish each row with a constant amount of work")
+                f"{few[0]}: it goes back over what it kept per chunk (the chunks themselves, or a state per chunk); "
+                "keep a state of fixed size per row and finish each row with a constant amount of work")
     return None
 
 
@@ -178,9 +195,10 @@ def _reads_once(runs) -> str | None:
           shortcuts=(_shortcut_log_softmax, _shortcut_logsumexp), allow=(), ops=("softmax", "logsumexp"),
           stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_unit_axis, _breaker_buffer_two_pass,
                                                                _breaker_rewrite_at_each_chunk),
-          prop_doc="one pass over a one-shot stream of chunks: no reduction wider than a chunk, a constant amount "
-                   "of work per row after the last chunk, and a bounded number of entries read per entry of the input "
-                   "(nothing already written is rewritten as the stream goes on)",
+          prop_doc="one pass over a one-shot stream of chunks with a state of fixed size per row: no reduction "
+                   "wider than a chunk (a state kept per chunk and merged at the end is refused as such), a constant "
+                   "amount of work per row after the last chunk, and a bounded number of entries read per entry of "
+                   "the input (nothing already written is rewritten as the stream goes on)",
           title="A log-softmax that reads its input once",
           hint="keep the running maximum and sum as in the lesson; in log space the correction for a grown maximum "
                "is not a product but a subtraction, the same for every entry of the row, so corrections add up and "

@@ -1,7 +1,8 @@
 """Checks for chapter 09, FlashAttention by tiling (solutions/09_flash_attention.ipynb).
 
 Expected values come from the course's oracle (``scaled_dot_product_attention`` with an explicit boolean mask,
-autograd through it) or from the package's traffic models, never from a copy of the solution.
+autograd through it), from the package's instrumented loops (the backward's traffic is counted by running it), never
+from a copy of the solution.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import re
 import torch
 
 from attncourse.flash import flash_attention, flash_attention_backward
-from attncourse.flash_io import hbm_traffic_fa2_backward
+from attncourse.flash_io import TrafficCounter
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, exercise
 
-HBM_QUESTION = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True)  # the exercise's configuration
+HBM_QUESTION = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True, window=None)  # printed
+HBM_QUESTION_WINDOW = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True, window=1000)
 
 
 # ----------------------------------------------------------------------------- 1. the backward of one tile
@@ -225,48 +227,74 @@ def _window_bug():
 # ----------------------------------------------------------------------------- 3. predict: the backward's traffic
 
 
-def hbm_backward_reference(seq_len: int, head_dim: int, block_q: int, block_k: int, is_causal: bool
-                           ) -> tuple[int, int]:
-    """The checker's reference, from the package's model: (reads, writes) in elements of the tiled backward, one
-    head."""
-    t = hbm_traffic_fa2_backward(seq_len, head_dim, block_q=block_q, block_k=block_k, is_causal=is_causal)
-    return t.reads, t.writes
+def _counted_backward(seq_len: int, head_dim: int, block_q: int, block_k: int, is_causal: bool,
+                      window: int | None) -> tuple[int, int]:
+    x = torch.zeros(1, 1, seq_len, head_dim)  # (B, H, N, d): the values do not change what the loop loads
+    counter = TrafficCounter()
+    flash_attention_backward(x, x, x, x, torch.zeros(1, 1, seq_len), x, is_causal=is_causal, window=window,
+                             block_q=block_q, block_k=block_k, traffic=counter)
+    return counter.total_reads, counter.total_writes
+
+
+def hbm_backward_reference(seq_len: int, head_dim: int, block_q: int, block_k: int, is_causal: bool,
+                           window: int | None = None) -> tuple[int, int]:
+    """The checker's reference: (reads, writes) in elements of the tiled backward, one head, counted by running the
+    package's loop on zeros with a `TrafficCounter` (the package has no formula for it: that is the exercise).
+
+    Every load and store the loop reports is a number of rows times d or times 1, so each count is affine in d: it
+    is counted at d = 1 and d = 2 (cheap tiles, the same tile grid) and extended to `head_dim` exactly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny tiles: threads only add contention (10x slower on a busy machine)
+    try:
+        one, two = (_counted_backward(seq_len, dim, block_q, block_k, is_causal, window) for dim in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(a + (b - a) * (head_dim - 1) for a, b in zip(one, two))
 
 
 @exercise("09-predict-hbm", "hbm_prediction", points=2, category="predict",
           parts=("reads", "writes"),
           forbid=("attncourse.flash_io.hbm_traffic_flash", "attncourse.flash_io.hbm_traffic_fa2",
-                  "attncourse.flash_io.hbm_traffic_fa2_backward", "attncourse.flash_io.hbm_traffic_standard_backward",
+                  "attncourse.flash_io.hbm_traffic_standard_backward",
                   "attncourse.flash_io.flash_block_sizes", "attncourse.flash_io.hbm_traffic_standard",
-                  "attncourse.flash_io.theorem2_bound",
+                  "attncourse.flash_io.theorem2_bound", "attncourse.flash_io.Band",
+                  "attncourse.flash.flash_attention_backward",
                   "attncourse.classroom.checks.ch09.hbm_backward_reference"),
           allow=(), ops=("torch",),
-          prop_doc="the prediction is two counts in plain integers, written as a function of (N, d, B_q, B_k, causal) "
-                   "so that neither the package's model nor the instrumented loop can stand in for it: equal counts "
-                   "on every configuration, the exercise's and drawn ones whose N is not a multiple of either block "
-                   "and whose blocks differ, with and without the causal mask, are the skill",
+          prop_doc="the prediction is two counts in plain integers, written as a function of (N, d, B_q, B_k, causal, "
+                   "window) so that the instrumented loop cannot stand in for it (the package has no formula for "
+                   "the backward's traffic, and the expected counts are the loop's own, counted on zeros): equal "
+                   "counts on every configuration, the exercise's and drawn ones whose N is not a multiple of either "
+                   "block and whose blocks differ, with no mask, the causal mask and causal windows, are the skill",
           hint="take each tensor in section 4's gradient formulas and ask which block it belongs to (the key block "
                "the outer loop holds on chip, or the query block a tile visits) and, for each result, which loop "
-               "owns it; then count the tiles the mask keeps on the block grid, partial last blocks included, and "
+               "owns it; then count the query rows each key block visits under the mask (the first on the block "
+               "grid, the last the one that still sees a key of the block), partial blocks included, and "
                "everything the loops need before they can start")
 def _predict_hbm():
     """Predict the HBM elements read and written by the tiled backward (key blocks outside), as a function of
-    (seq_len N, head_dim d, block_q, block_k, is_causal)."""
-    gen = torch.Generator().manual_seed(13)  # three more configurations, drawn (a salted grader draws others)
+    (seq_len N, head_dim d, block_q, block_k, is_causal, window)."""
+    gen = torch.Generator().manual_seed(13)  # four more configurations, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
-    configs = [tuple(HBM_QUESTION.values())]
-    for causal in (False, True, True):
+    configs = [tuple(HBM_QUESTION.values()), tuple(HBM_QUESTION_WINDOW.values())]
+    for causal, windowed in ((False, False), (True, False), (True, True), (True, True)):
         d = 16 * pick(1, 8)
-        block_q, block_k = 16 * pick(1, 8), 16 * pick(1, 8)
+        block_q, block_k = 16 * pick(2, 8), 16 * pick(2, 8)
         while block_k == block_q:
-            block_k = 16 * pick(1, 8)
-        n = pick(300, 3000)
+            block_k = 16 * pick(2, 8)
+        n = pick(300, 1500)
         while n % block_q == 0 or n % block_k == 0:
             n += 1
-        configs.append((n, d, block_q, block_k, causal))
+        window = None
+        if windowed:  # a window neither block divides, wider or narrower than the blocks
+            window = pick(3, 400)
+            while window % block_q == 0 or window % block_k == 0:
+                window += 1
+        configs.append((n, d, block_q, block_k, causal, window))
     return [Case(f"(reads, writes) of the backward for N={n}, d={d}, B_q={bq}, B_k={bk}, "
-                 f"{'causal' if c else 'no mask'}", (n, d, bq, bk, c),
-                 expected=hbm_backward_reference(n, d, bq, bk, c), compare="equal") for n, d, bq, bk, c in configs]
+                 f"{('causal, window ' + str(w) if w else 'causal') if c else 'no mask'}", (n, d, bq, bk, c, w),
+                 expected=hbm_backward_reference(n, d, bq, bk, c, w), compare="equal")
+            for n, d, bq, bk, c, w in configs]
 
 
 # ----------------------------------------------------------------------------- 4. experiment: bfloat16 error
