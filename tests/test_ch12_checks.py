@@ -159,6 +159,19 @@ def test_prediction_needs_closed_forms():
     assert sum(min(n, m) >= 10**9 for n, m in sizes) >= 3 and sum(max(n, m) <= 50000 for n, m in sizes) >= 3
 
 
+def test_prediction_refuses_a_simulated_row():
+    """The cold review's route: build the row in plain Python and sum it (no closed form). It passed when every
+    context held at most 50,000 keys; a row of 10^9 or more cannot be built."""
+    def simulated(n, m, x, s):
+        row = [math.exp(x)] * n  # every real term of the denominator, one by one
+        share = math.exp(s) / (sum(row) + math.exp(s))
+        total = sum(1 / (1 + math.exp(math.log(n) - x)) for _ in row)
+        return share, s + math.log(m / n), total
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-predict", simulated)
+
+
 def test_induction_score_and_patchify_refuse_loops(tmp_path, monkeypatch):
     checks.check("12-induction-score",
                  lambda w, L: w[..., torch.arange(L, 2 * L), torch.arange(1, L + 1)].mean(-1))
