@@ -148,6 +148,30 @@ def test_prediction_second_part_is_the_package_row():
         assert abs(share_n - share_m) < 1e-12
 
 
+def test_prediction_needs_closed_forms():
+    """Half the configurations hold 10^9 to 10^15 keys (no row can be built or looped over, the review's plain-Python
+    simulation and bisection route); their expected values come from closed forms that equal the package's rows."""
+    from attncourse.classroom.checks.ch12_sinks import _predict, _sink_row, sink_row_closed_form
+    for n, x, s in ((3, 0.5, 2.0), (777, -2.0, 7.5), (40000, 2.9, -1.0)):
+        torch.testing.assert_close(torch.tensor(sink_row_closed_form(n, x, s), dtype=torch.float64),
+                                   torch.tensor(_sink_row(n, x, s), dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    sizes = [case.args[:2] for case in _predict()]
+    assert sum(min(n, m) >= 10**9 for n, m in sizes) >= 3 and sum(max(n, m) <= 50000 for n, m in sizes) >= 3
+
+
+def test_prediction_refuses_a_simulated_row():
+    """The cold review's route: build the row in plain Python and sum it (no closed form). It passed when every
+    context held at most 50,000 keys; a row of 10^9 or more cannot be built."""
+    def simulated(n, m, x, s):
+        row = [math.exp(x)] * n  # every real term of the denominator, one by one
+        share = math.exp(s) / (sum(row) + math.exp(s))
+        total = sum(1 / (1 + math.exp(math.log(n) - x)) for _ in row)
+        return share, s + math.log(m / n), total
+
+    with pytest.raises(checks.CheckFailed):
+        checks.check("12-predict", simulated)
+
+
 def test_induction_score_and_patchify_refuse_loops(tmp_path, monkeypatch):
     checks.check("12-induction-score",
                  lambda w, L: w[..., torch.arange(L, 2 * L), torch.arange(1, L + 1)].mean(-1))

@@ -84,6 +84,13 @@ def _sink_row(n: int, x: float, s: float) -> tuple[float, float]:
     return 1 - w.sum().item(), ws.sum().item()
 
 
+def sink_row_closed_form(n: int, x: float, s: float) -> tuple[float, float]:
+    """The same two numbers from their closed forms, for contexts far too long to build a row of (n up to 10^15):
+    e^s / (e^s + n e^x) and n sigma(x - log n) = n / (1 + n e^-x). tests/test_ch12_checks.py checks them against
+    :func:`_sink_row` on rows the package can build."""
+    return 1 / (1 + n * math.exp(x - s)), n / (1 + n * math.exp(-x))
+
+
 @exercise("12-predict", "predicted", points=1, category="predict",
           parts=("the sink's share of the row at n keys", "the sink logit that keeps that share at m keys",
                  "a sigmoid row's total weight at n keys"),
@@ -91,26 +98,29 @@ def _sink_row(n: int, x: float, s: float) -> tuple[float, float]:
                   "attncourse.SinkLogitAttention", "attncourse.sink_variants.SinkLogitAttention",
                   "attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention",
                   "attncourse.SigmoidAttention", "attncourse.variants.SigmoidAttention"),
-          allow=(), ops=("torch",),
+          allow=(), ops=("torch", "numpy"),
           prop_doc="the prediction is a function of (n, m, x, s) checked on configurations drawn by the checker, so "
-                   "no printed number can stand in for it, and the package's sink and sigmoid attentions (and "
-                   "tensors) are refused: the three closed forms are the skill",
+                   "no printed number can stand in for it; the package's sink and sigmoid attentions, tensors and "
+                   "NumPy are refused, and half the drawn contexts hold 10^9 to 10^15 keys, so a row built and "
+                   "summed in plain Python (or a bisection over such rows) cannot finish: the three closed forms "
+                   "are the skill",
           hint="write one row of each weighting with every real score equal to x: the sink is one more term in "
                "the denominator, and its share is its term over the whole denominator; for the second part ask what "
                "the sink logit must do to keep that ratio when the number of real terms changes; a sigmoid row has "
-               "no denominator shared by its keys: add up n equal weights")
+               "no denominator shared by its keys: add up n equal weights, then write the sum without a loop")
 def _predict():
     """Predict, for one query over n keys that all score x: the share a gpt-oss sink logit s takes, the sink logit
     that keeps that share over m keys, and the total weight of a sigmoid row (bias -log n)."""
     gen = torch.Generator().manual_seed(126)  # configurations drawn here (a salted grader draws others)
     cases = []
-    for i in range(4):
-        n = int(torch.randint(2, 5000, (1,), generator=gen))
-        m = int(torch.randint(2, 50000, (1,), generator=gen))
+    for i in range(6):
+        long = i % 2 == 1  # every other case: contexts no row can be built for (10^9 to 10^15 keys)
+        lo, hi = (9.0, 15.0) if long else (math.log10(2), math.log10(50000))
+        n, m = (int(10 ** float(torch.empty(1).uniform_(lo, hi, generator=gen))) for _ in range(2))
         x = round(float(torch.empty(1).uniform_(-3, 3, generator=gen)), 3)
         s = round(float(torch.empty(1).uniform_(-2, 8, generator=gen)), 3)
-        share, total = _sink_row(n, x, s)
+        share, total = sink_row_closed_form(n, x, s) if long else _sink_row(n, x, s)
         s_m = s + math.log(m / n)  # checked against the package's row in tests/test_ch12_checks.py
         cases.append(Case(f"n={n} keys, m={m}, every score x={x}, sink logit s={s}", (n, m, x, s),
-                          expected=(share, s_m, total), rtol=1e-6, atol=1e-9))
+                          expected=(share, s_m, total), rtol=1e-6, atol=1e-12))
     return cases
