@@ -75,9 +75,15 @@ def test_gate_routes_refused(tmp_path, monkeypatch):
         full = torch.cat([query, query.new_zeros(*query.shape[:2], key.shape[2] - query.shape[2], query.shape[-1])], 2)
         return moba_select(full, key, block_size, top_k)[:, :, :query.shape[2]]
 
+    def padded_queries(query, key, block_size, top_k):  # a whole-prefill gate (an edited copy of moba_gate would do)
+        pad = query.new_zeros(*query.shape[:2], key.shape[2] - query.shape[2], query.shape[-1])  # run on every
+        return moba_select(torch.cat([pad, query], 2), key, block_size, top_k)[:, :, -query.shape[2]:]  # position
+
     msg, graded = refused("14-moba-gate", elementwise_scores, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
     refused("14-moba-gate", wrong_causality, tmp_path, monkeypatch)
+    msg, graded = refused("14-moba-gate", padded_queries, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and "not asking" in msg, msg
     assert "chunk" in failure("14-moba-gate", own_block_from_the_row).split("\n")[0]
 
 

@@ -70,6 +70,21 @@ def _no_token_scores(runs) -> str | None:
                     return (f"case '{run.case.name}': a matrix product ({_op(name)}) multiplied an operand that runs "
                             f"over the {t} queries with one that runs over the {s} keys: that is the score grid the "
                             "gate exists to avoid")
+        if t < s:  # a chunk or a decode step: only the Tq given queries are scored, not all S positions
+            rows = {s, nb * run.case.args[2]}  # every position, padded to whole blocks or not
+            for name, _launch, _helper, tensors in run.trace["ops"]:
+                shapes = [list(shape) for _l, _o, shape, _s in tensors]
+                scored = any(nb in sh and d in sh and rows & set(sh) and len({nb, d, *(rows & set(sh))}) >= 3
+                             for sh in shapes)
+                if _MATMUL.match(_op(name)) and len(shapes) >= 2 and len(shapes[-2]) >= 2 and len(shapes[-1]) >= 2:
+                    a, c = shapes[-2], shapes[-1]
+                    scored |= (a[-1] == d and c[-2] == d and ((a[-2] in rows and c[-1] == nb)
+                                                              or (a[-2] == nb and c[-1] in rows)))
+                if scored:
+                    return (f"case '{run.case.name}': an operator ({_op(name)}) scored {s} positions against the "
+                            f"{nb} block summaries, but only the last {t} are queries: padding the queries to every "
+                            "position and keeping the last rows does the gate's work for tokens that are not asking; "
+                            "score the given queries, placed by their positions")
         # the total work, whatever the shapes: pooling reads B*Hkv*S*D, scoring B*H*Tq*(nB + D) and the selection
         # B*H*Tq*nB entries, so a bounded number of passes over those; each query against every key reads
         # B*H*Tq*S*D entries in all, which no tensor's shape shows
@@ -126,9 +141,10 @@ def _shortcut_pool(query, key, block_size, top_k):
           allow=(), ops=("attention", "softmax", "logsumexp"), prop=_no_token_scores,
           breakers=(_breaker_token_scores, _breaker_row_scores), shortcuts=(_shortcut_package, _shortcut_pool),
           prop_doc="the gate never forms a queries x keys score grid: no operator receives one, no matrix product runs "
-                   "over the queries on one side and the keys on the other, and the entries its operators take in "
+                   "over the queries on one side and the keys on the other, the entries its operators take in "
                    "stay within a bounded number of passes over the queries, the keys, the block summaries and the "
-                   "(Tq, nB) gate (from the trace)",
+                   "(Tq, nB) gate, and for a chunk or a decode step only the Tq given queries are scored, not every "
+                   "position (from the trace)",
           title="MoBA's block gate for a chunk of new queries: each query's key blocks as a list of indices",
           hint="the queries are the last Tq of the S positions, so a query's own block follows from its position "
                "among all S, not from its row; summarise each block of keys by one vector first (S need not be a "
