@@ -15,6 +15,9 @@ import torch.nn.functional as F
 from attncourse import linear_attention as la
 from attncourse.recall import memory_recall
 from . import Case, exercise
+from .ch13_breakers import (_breaker_chunk_loop, _breaker_gdn_all_chunks_solved_at_once,  # noqa: E402
+                            _breaker_gdn_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys,
+                            _breaker_token_loop)
 
 _MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|matmul|mv|addbmm|einsum)$")  # matrix products, as the trace names them
 
@@ -168,62 +171,6 @@ def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
     return o, torch.stack(states, 2)
 
 
-def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
-    """The recurrence, one token at a time: right, but the work grows with the tokens."""
-    S = initial_state
-    outs, states = [], [S]
-    for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append((S * q[:, :, t, :, None]).sum(-2))
-        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
-            states.append(S)
-    return torch.stack(outs, 2), torch.stack(states, 2)
-
-
-def _breaker_chunk_loop(q, k, v, g, initial_state, chunk_size):
-    """Chunk by chunk in a Python loop, the state carried (the package's way): right, but one step per chunk."""
-    S, outs, states = initial_state, [], [initial_state]
-    for a in range(0, q.shape[2], chunk_size):
-        qc, kc, vc, G = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], \
-            g[:, :, a:a + chunk_size].cumsum(-1)
-        keep = torch.ones(G.shape[-1], G.shape[-1], dtype=torch.bool).tril()
-        w = (qc @ kc.transpose(-2, -1)) * (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()
-        outs.append((qc * G[..., None].exp()) @ S + w @ vc)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-        states.append(S)
-    return torch.cat(outs, 2), torch.stack(states, 2)
-
-
-def _breaker_quadratic(q, k, v, g, initial_state, chunk_size):
-    """The (T, T) masked product, and the boundary states from every key at once: right, but quadratic in T."""
-    G = g.cumsum(-1)
-    T = q.shape[2]
-    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    o = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v + (q * G[..., None].exp()) @ initial_state
-    ends = torch.tensor([min(e, T) for e in range(0, T + chunk_size, chunk_size)][:-(-T // chunk_size) + 1])
-    Gb = F.pad(G, (1, 0))[..., ends]  # (B,H,n+1) log-decay from the start to each boundary
-    w = (Gb[..., :, None] - G[..., None, :]).masked_fill(torch.arange(T)[None, :] >= ends[:, None], float("-inf"))
-    states = torch.einsum("bhns,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None, None] * initial_state[:, :, None]
-    return o, states
-
-
-def _breaker_rows_against_all_keys(q, k, v, g, initial_state, chunk_size):
-    """A chunk of queries at a time, but against every earlier key (tiled, no state carried): quadratic in T."""
-    G = g.cumsum(-1)
-    T = q.shape[2]
-    outs, states = [], [initial_state]
-    for a in range(0, T, chunk_size):
-        b = min(a + chunk_size, T)
-        diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
-        keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
-        w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
-        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, None].exp()) @ initial_state)
-        rest = (G[..., b - 1:b] - G[..., :b]).exp()  # (B,H,b) decay from each key to the boundary
-        states.append((k[:, :, :b] * rest[..., None]).transpose(-2, -1) @ v[:, :, :b]
-                      + G[..., b - 1, None, None].exp() * initial_state)
-    return torch.cat(outs, 2), torch.stack(states, 2)
-
-
 def _with_package_mask(mask_of, name: str):
     """A chunk-by-chunk answer whose intra-chunk decay mask comes from the package (`mask_of(g_chunk)`): refused."""
     def shortcut(q, k, v, g, initial_state, chunk_size):
@@ -302,26 +249,29 @@ def _gdn_reference(q, k, v, g, beta, initial_state, chunk_size):
     return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _breaker_gdn_token_loop(q, k, v, g, beta, initial_state, chunk_size):
-    """The gated delta rule one token at a time: right, but the work grows with the tokens."""
-    S = initial_state
-    outs, states = [], [S]
-    for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp()
-        u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
-        S = S + k[:, :, t, :, None] * u[:, :, None, :]
-        outs.append((S * q[:, :, t, :, None]).sum(-2))
-        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
-            states.append(S)
-    return torch.stack(outs, 2), torch.stack(states, 2)
+def _fixed_in_place(runs) -> str | None:
+    """The given code fixed, not replaced: still chunk by chunk (:func:`_chunk_by_chunk`), and still one triangular
+    solve for each chunk's writes, inside the chunk loop (a rewrite that solves every chunk at once is another
+    function, such as the package's)."""
+    other = _chunk_by_chunk(runs)
+    if other:
+        return other
+    for run in runs:
+        _T, _chunk, n = _chunks(run)
+        solves = sum(1 for name, *_ in (run.trace or {}).get("ops", []) if "solve_triangular" in name)
+        if solves < n:
+            return (f"case '{run.case.name}': your code ran {solves} triangular solve(s) for {n} chunks: fix the "
+                    "given function where it is wrong and keep its form, one solve per chunk for that chunk's writes")
+    return None
 
 
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
-          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_chunk_by_chunk,
-          breakers=(_breaker_gdn_token_loop,),
-          prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor in any layout (the "
-                   "elements the operators take in grow linearly in T at a fixed chunk size), and the operator count "
-                   "does not grow with the tokens per chunk",
+          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_fixed_in_place,
+          breakers=(_breaker_gdn_token_loop, _breaker_gdn_all_chunks_solved_at_once),
+          prop_doc="the given code fixed, still chunkwise: no (T, T) or chunk-against-all-keys tensor in any layout "
+                   "(the elements the operators take in grow linearly in T at a fixed chunk size), the operator count "
+                   "does not grow with the tokens per chunk, and each chunk's writes are solved in the chunk loop "
+                   "(one triangular solve per chunk at least)",
           bug_words=("decayed twice", "decays twice", "decay twice", "twice decayed", "applied twice", "double decay",
                      "doubly decayed", "double-decayed", "decayed two times", "from s_end", "with s_end", "uses s_end",
                      "s_end instead", "instead of s_end", "read undecayed", "stale state",
