@@ -363,12 +363,15 @@ def token_select_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     return out.reshape(b, h, t, -1).to(value.dtype)
 
 
-def indexer_kl_loss(scores: torch.Tensor, attn_weights: torch.Tensor) -> torch.Tensor:
-    """DSA's warm-up loss: :math:`\\sum_t \\mathrm{KL}(p_t \\,\\|\\, \\mathrm{softmax}(I_t))` averaged over queries.
+def indexer_kl_loss(scores: torch.Tensor, attn_weights: torch.Tensor,
+                    selected: torch.Tensor | None = None) -> torch.Tensor:
+    """DSA's indexer loss: :math:`\\sum_t \\mathrm{KL}(p_t \\,\\|\\, \\mathrm{softmax}(I_t))` averaged over queries.
 
     scores (B, T, S) indexer scores (-inf where masked); attn_weights (B, H, T, S) the main attention's
     probabilities, whose sum over heads, L1-normalised per query, is the target p_t (the paper's dense warm-up
-    stage). Keys the target gives zero weight add nothing; the target is not differentiated.
+    stage). With ``selected`` (B, T, k) token indices (-1 = none, as :func:`top_k_tokens` returns), the sparse
+    training stage: both distributions are taken over each query's selected tokens only, each renormalised there.
+    Keys the target gives zero weight add nothing; the target is not differentiated.
     """
     _validate.tensor("scores", scores, min_rank=3, floating=True)
     _validate.tensor("attn_weights", attn_weights, min_rank=4, floating=True)
@@ -376,6 +379,15 @@ def indexer_kl_loss(scores: torch.Tensor, attn_weights: torch.Tensor) -> torch.T
         raise ValueError(f"attn_weights must be (B, H, T, S) for scores (B, T, S) = {tuple(scores.shape)}, got "
                          f"{tuple(attn_weights.shape)}")
     target = attn_weights.detach().float().sum(1)  # (B, T, S)
+    if selected is not None:  # the sparse stage: only the selected tokens, in both distributions
+        _validate.tensor("selected", selected, min_rank=3)
+        if selected.dtype != torch.long or tuple(selected.shape[:2]) != tuple(scores.shape[:2]):
+            raise ValueError(f"selected must be long (B, T, k) for scores {tuple(scores.shape)}, got {selected.dtype} "
+                             f"{tuple(selected.shape)}")
+        s = scores.shape[-1]
+        keep = torch.zeros(*scores.shape[:-1], s + 1, dtype=torch.bool, device=scores.device).scatter_(
+            -1, torch.where(selected >= 0, selected, s), True)[..., :s]  # (B, T, S); -1 lands on a dropped column
+        scores, target = scores.masked_fill(~keep, _NEG_INF), target.masked_fill(~keep, 0.0)
     target = target / target.sum(-1, keepdim=True).clamp_min(1e-30)
     log_q = torch.log_softmax(scores.float(), dim=-1)  # (B, T, S)
     terms = torch.where(target > 0, target * (torch.log(target.clamp_min(1e-30)) - log_q), torch.zeros_like(target))

@@ -9,6 +9,10 @@ page's best score, computed from 2D numbers instead of the page's keys. The quer
 largest bounds (plus, here, the page holding its own position, a choice of ours) and attends to their keys only.
 Unlike eviction (:mod:`attncourse.kv_compress`, :mod:`attncourse.kv_evict`), nothing is thrown away: the next
 query may pick other pages. What it saves is reading, the decode step's bottleneck (chapter 10), not memory.
+
+MoBA's gate (:func:`attncourse.learned_sparse.moba_gate`, chapter 14) ranks pages by their *mean* key instead: an
+estimate of a typical score, where one key that matches the query is diluted by the page size; Quest's bound is set by
+the extremes. :func:`quest_scores` gives the bounds in attention's (B, H, Tq, D) layout, GQA included.
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from __future__ import annotations
 import torch
 
 from . import _validate
+from .sdpa import compute_dtype as _compute_dtype
 
-__all__ = ["page_bounds", "page_upper_bounds", "quest_keep", "quest_eval"]
+__all__ = ["page_bounds", "page_upper_bounds", "quest_scores", "quest_keep", "quest_eval"]
 
 
-def page_bounds(k: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def page_bounds(key: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per page of `page_size` consecutive keys: the elementwise (min, max), each (..., n_pages, D); the last page
-    may be partial (only its real keys count). k: (..., S, D) float."""
-    _validate.tensor("k", k, min_rank=2, floating=True)
+    may be partial (only its real keys count). key: (..., S, D) float.
+    Raises: TypeError for a non-tensor or a non-floating key, ValueError for rank < 2 or page_size < 1."""
+    _validate.tensor("key", key, min_rank=2, floating=True)
     _validate.positive_int("page_size", page_size)
+    k = key
     s, d = k.shape[-2], k.shape[-1]
     n = -(-s // page_size)
     pad = n * page_size - s
@@ -43,6 +50,32 @@ def page_upper_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
                          f"kmin {tuple(kmin.shape)}, kmax {tuple(kmax.shape)}")
     qd = q[..., None, :]  # (..., 1, D)
     return torch.maximum(qd * kmin, qd * kmax).sum(-1)
+
+
+
+
+
+def quest_scores(query: torch.Tensor, key: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Quest's page criticality: query (B, H, Tq, D) against key (B, Hkv, S, D) -> (B, H, Tq, nP).
+
+    Entry (b, h, t, p) is :math:`\\sum_c \\max(q_c m_{pc}, q_c M_{pc})` for query head h's KV head, never below the
+    largest :math:`q \\cdot k` of page p. Causality is the caller's (Quest runs at decode, over pages already written).
+    Half-precision inputs are scored in float32; the result is in the compute dtype.
+    Raises: TypeError, ValueError for non-tensors, ranks other than 4, or shapes that do not fit together.
+    """
+    for name, x in (("query", query), ("key", key)):
+        _validate.tensor(name, x, min_rank=4, floating=True)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be (B, heads, T, D), got shape {tuple(x.shape)}")
+    h, hkv = query.shape[1], key.shape[1]
+    if key.shape[0] != query.shape[0] or key.shape[-1] != query.shape[-1] or h % hkv:
+        raise ValueError(f"key {tuple(key.shape)} must be (B, Hkv, S, D) for query {tuple(query.shape)}, with the "
+                         "query heads a multiple of the key heads")
+    work = _compute_dtype(query.dtype)
+    low, high = page_bounds(key.to(work), page_size)  # (B, Hkv, nP, D) each
+    low, high = (x.repeat_interleave(h // hkv, dim=1)[:, :, None] for x in (low, high))  # (B, H, 1, nP, D)
+    q = query.to(work)[:, :, :, None, :]  # (B, H, Tq, 1, D)
+    return torch.maximum(q * low, q * high).sum(-1)  # (B, H, Tq, nP, D) -> (B, H, Tq, nP)
 
 
 def quest_keep(q: torch.Tensor, k: torch.Tensor, page_size: int, pages: int, *, oracle: bool = False

@@ -79,8 +79,41 @@ def with_initial_state(route):
 
 
 def test_chunked_decay_right_answers(tmp_path, monkeypatch):
-    accepted("13-chunked-decay", chunked_decay_attention, tmp_path, monkeypatch)
     accepted("13-chunked-decay", chunks_at_once, tmp_path, monkeypatch)
+
+
+def package_chunked_edited(q, k, v, g, initial_state, chunk_size):
+    """Review 8's route: la.chunked copied with its validation, scale and helpers dropped, the decayed products
+    inlined, and one line added to keep every boundary state. Right outputs, but it steps from chunk to chunk."""
+    B, H, T, Dk = q.shape
+    C = chunk_size
+    n = -(-T // C)
+    pad = n * C - T
+    gg = g[..., None]
+    q, k, v, gg = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, gg))
+    q, k, v, gg = (x.reshape(B, H, n, C, x.shape[-1]) for x in (q, k, v, gg))
+    G = gg.cumsum(-2)
+    causal = torch.ones(C, C, dtype=torch.bool).tril()
+    decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+    qk = (q @ k.transpose(-2, -1)) * decay[..., 0]
+    state, outs, states = initial_state, [], [initial_state]
+    for i in range(n):
+        Gi = G[:, :, i]
+        outs.append((q[:, :, i] * Gi.exp()) @ state + qk[:, :, i] @ v[:, :, i])
+        last = Gi[:, :, -1:]
+        state = state * last.transpose(-2, -1).exp() + (k[:, :, i] * (last - Gi).exp()).transpose(-2, -1) @ v[:, :, i]
+        states.append(state)
+    return torch.cat(outs, dim=2)[:, :, :T], torch.stack(states, 2)
+
+
+def test_chunked_decay_chunk_loops_refused(tmp_path, monkeypatch):
+    """Review 8: an edited copy of la.chunked passed 3/3. The exercise now asks for every chunk at once (Mamba-2's
+    ssd_minimal), which the package does not implement: its loop from chunk to chunk, copied and given the boundary
+    states, is refused by the property, and so is the loop written afresh."""
+    for route in (package_chunked_edited, chunked_decay_attention):
+        msg, graded = refused("13-chunked-decay", route, tmp_path, monkeypatch)
+        assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
+        assert "number of chunks" in msg, msg
 
 
 def test_chunked_decay_package_output_is_not_an_answer():
@@ -172,33 +205,33 @@ def test_chunked_decay_ratio_of_products_fails():
 def test_chunked_decay_forgets_the_short_last_chunk():
     def drops_tail(q, k, v, g, chunk_size):
         T = q.shape[2] // chunk_size * chunk_size
-        out = chunked_decay_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], chunk_size)
+        zero = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        out = chunks_at_once(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], zero, chunk_size)[0]
         return torch.cat([out, torch.zeros_like(v[:, :, T:])], 2)
 
-    failure("13-chunked-decay", with_initial_state(drops_tail))
+    assert "45" in failure("13-chunked-decay", with_initial_state(drops_tail)).split("\n")[0]
 
 
 # ----------------------------------------------------------------------------- 2. the bug
 
 
-def _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=True):
-    B, H, T, Dk = q.shape
+def _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, twice=False):
+    """The notebook's chunked gated delta rule; `twice=True` is its bug (the write's read of the earlier chunks'
+    state decayed over the whole chunk as well as by e^{G_r})."""
     S = initial_state
     outs, states = [], [S]
-    for a in range(0, T, chunk_size):
+    for a in range(0, q.shape[2], chunk_size):
         qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
         G = g[:, :, a:a + chunk_size].cumsum(-1)
         c = G.shape[-1]
-        below = torch.ones(c, c, dtype=torch.bool).tril()
-        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~below, -torch.inf).exp()
-        A = ((kc @ kc.transpose(-2, -1)) * decay * bc[..., None]).tril(-1)
-        eye = torch.eye(c, dtype=q.dtype)
-        U = torch.linalg.solve_triangular(eye + A, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(eye + A, bc[..., None] * kc * (G[..., None].exp() if decay_w else 1),
+        D = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf).exp()
+        S_end = S * G[..., -1, None, None].exp()
+        A = (bc[..., None] * (kc @ kc.transpose(-2, -1)) * D).tril(-1)
+        predicted = (kc * G[..., None].exp()) @ (S_end if twice else S)
+        u = torch.linalg.solve_triangular(torch.eye(c, dtype=q.dtype) + A, bc[..., None] * (vc - predicted),
                                           upper=False, unitriangular=True)
-        u = U - W @ S
-        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
+        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * D) @ u)
+        S = S_end + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
         states.append(S)
     return torch.cat(outs, 2), torch.stack(states, 2)
 
@@ -207,8 +240,8 @@ def gated_delta_chunked_fixed(q, k, v, g, beta, initial_state, chunk_size):
     return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size)
 
 
-def _buggy(q, k, v, g, beta, initial_state, chunk_size):  # the notebook's version: W solved without e^G
-    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, decay_w=False)
+def _buggy(q, k, v, g, beta, initial_state, chunk_size):  # the notebook's version
+    return _gdn_chunks(q, k, v, g, beta, initial_state, chunk_size, twice=True)
 
 
 def test_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):

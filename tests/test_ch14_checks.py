@@ -28,24 +28,32 @@ def test_shortcuts_refused_by_check_and_grader(ex, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 1. the gate
 
 
+def listed(sel, top_k):
+    """(..., Tq, nB) bool -> (..., Tq, top_k): the chosen blocks in increasing order, then -1 (the exercise's form)."""
+    nb = sel.shape[-1]
+    order = torch.where(sel, torch.arange(nb), nb).sort(-1).values
+    order = torch.cat([order, order.new_full((*order.shape[:-1], top_k), nb)], -1)[..., :top_k]
+    return order.masked_fill(order == nb, -1)
+
+
+def rank_blocks(gate, s, block_size, top_k):
+    """MoBA's choice from (B, H, Tq, nB) block scores of the last Tq of s positions, as the exercise lists it."""
+    t, nb = gate.shape[-2:]
+    own, blocks = (s - t + torch.arange(t))[:, None] // block_size, torch.arange(nb)[None, :]
+    rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
+    return listed((rank < top_k - 1) & (blocks < own) | (blocks == own), top_k)
+
+
 def moba_select(query, key, block_size, top_k):
     b, h, t, d = query.shape
-    hkv = key.shape[1]
-    nb = -(-t // block_size)
+    hkv, s = key.shape[1], key.shape[2]
+    nb = -(-s // block_size)
     padded = key.new_zeros(b, hkv, nb * block_size, d)
-    padded[:, :, :t] = key
+    padded[:, :, :s] = key
     sizes = torch.full((nb, 1), float(block_size), dtype=key.dtype)
-    sizes[-1] = t - (nb - 1) * block_size
+    sizes[-1] = s - (nb - 1) * block_size
     means = (padded.view(b, hkv, nb, block_size, d).sum(3) / sizes).repeat_interleave(h // hkv, dim=1)
-    gate = query @ means.transpose(-2, -1)  # (B, H, T, nB)
-    own = torch.arange(t) // block_size
-    earlier = torch.arange(nb)[None, :] < own[:, None]
-    sel = torch.zeros(gate.shape, dtype=torch.bool)
-    if top_k > 1 and nb > 1:
-        sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), dim=-1).indices, True)
-        sel &= earlier
-    sel[..., torch.arange(t), own] = True
-    return sel
+    return rank_blocks(query @ means.transpose(-2, -1), s, block_size, top_k)  # (B, H, Tq, nB) scores
 
 
 def test_gate_right_answer(tmp_path, monkeypatch):
@@ -54,26 +62,40 @@ def test_gate_right_answer(tmp_path, monkeypatch):
 
 def test_gate_routes_refused(tmp_path, monkeypatch):
     def elementwise_scores(query, key, block_size, top_k):  # every q.k by broadcasting, then block means
-        h, hkv, t = query.shape[1], key.shape[1], query.shape[2]
-        s = (query[..., :, None, :] * key.repeat_interleave(h // hkv, 1)[..., None, :, :]).sum(-1)  # (B, H, T, T)
-        nb = -(-t // block_size)
-        gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
-        own = torch.arange(t) // block_size
-        earlier = torch.arange(nb)[None, :] < own[:, None]
-        sel = torch.zeros(gate.shape, dtype=torch.bool)
-        if top_k > 1 and nb > 1:
-            sel.scatter_(-1, gate.masked_fill(~earlier, -math.inf).topk(min(top_k - 1, nb - 1), -1).indices, True)
-            sel &= earlier
-        sel[..., torch.arange(t), own] = True
-        return sel
+        h, hkv, s = query.shape[1], key.shape[1], key.shape[2]
+        sc = (query[..., :, None, :] * key.repeat_interleave(h // hkv, 1)[..., None, :, :]).sum(-1)  # (B, H, Tq, S)
+        nb = -(-s // block_size)
+        gate = torch.stack([sc[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
+        return rank_blocks(gate, s, block_size, top_k)
 
-    def wrong_causality(query, key, block_size, top_k):  # competes the own block's mean (future keys in it)
-        sel = moba_select(query, key, block_size, top_k + 1)
-        return sel
+    def wrong_causality(query, key, block_size, top_k):  # one more block than asked
+        return moba_select(query, key, block_size, top_k + 1)[..., :top_k]
+
+    def own_block_from_the_row(query, key, block_size, top_k):  # review 8's edited copy of moba_gate: rows as positions
+        full = torch.cat([query, query.new_zeros(*query.shape[:2], key.shape[2] - query.shape[2], query.shape[-1])], 2)
+        return moba_select(full, key, block_size, top_k)[:, :, :query.shape[2]]
+
+    def padded_queries(query, key, block_size, top_k):  # a whole-prefill gate (an edited copy of moba_gate would do)
+        pad = query.new_zeros(*query.shape[:2], key.shape[2] - query.shape[2], query.shape[-1])  # run on every
+        return moba_select(torch.cat([pad, query], 2), key, block_size, top_k)[:, :, -query.shape[2]:]  # position
 
     msg, graded = refused("14-moba-gate", elementwise_scores, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
     refused("14-moba-gate", wrong_causality, tmp_path, monkeypatch)
+    msg, graded = refused("14-moba-gate", padded_queries, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded and "not asking" in msg, msg
+    assert "chunk" in failure("14-moba-gate", own_block_from_the_row).split("\n")[0]
+
+
+def test_gate_package_mask_is_not_an_answer():
+    """Review 8: an edited copy of moba_gate passed 3/3. The exercise now asks for the queries of a chunk against
+    every key so far and for index lists: the package's (B, H, T, nB) mask for a whole prefill, however computed, is
+    refused by its shape."""
+    def package_like(query, key, block_size, top_k):
+        nb = -(-key.shape[2] // block_size)
+        return torch.zeros(*query.shape[:3], nb, dtype=torch.bool)
+
+    assert "shape" in failure("14-moba-gate", package_like)
 
 
 # ----------------------------------------------------------------------------- 2. the bug
@@ -289,8 +311,8 @@ def test_recall_reference_copied_and_constants_refused(tmp_path, monkeypatch):
         q, k = torch.randn(64, 1, 256, 32, generator=gen), torch.randn(64, 1, 256, 32, generator=gen)
         needle = torch.randint(0, 240, (64,), generator=gen)
         k[torch.arange(64), 0, needle] += q[:, 0, -1]
-        sel = moba_select(q, k, 16, top_k)[:, 0, -1]
-        return float(sel[torch.arange(64), needle // 16].float().mean())
+        listed = moba_select(q, k, 16, top_k)[:, 0, -1]  # (64, top_k) blocks of the last query, all 256 scored
+        return float((listed == (needle // 16)[:, None]).any(-1).float().mean())
 
     msg, graded = refused("14-selection-recall", with_exercise_one_gate, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
@@ -328,14 +350,12 @@ def test_gate_token_scores_behind_an_inserted_dim_refused(tmp_path, monkeypatch)
     """Every query-key score as a (B, H, T, 1, T) or (B, H, T, D, T) tensor (no two adjacent dims of size T), then
     block means of the scores (equal to the query times the mean key, by linearity): refused."""
     def inserted_dim(query, key, block_size, top_k):
-        b, h, t, d = query.shape
+        h, s_len = query.shape[1], key.shape[2]
         kk = key.repeat_interleave(h // key.shape[1], dim=1)
-        s = (query.unsqueeze(-1) * kk.transpose(-2, -1).unsqueeze(2)).sum(-2, keepdim=True)  # (B,H,T,1,T)
-        nb = -(-t // block_size)
-        gate = torch.cat([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
-        own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
-        rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
-        return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+        sc = (query.unsqueeze(-1) * kk.transpose(-2, -1).unsqueeze(2)).sum(-2, keepdim=True)  # (B,H,Tq,1,S)
+        nb = -(-s_len // block_size)
+        gate = torch.cat([sc[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)
+        return rank_blocks(gate, s_len, block_size, top_k)
 
     msg, graded = refused("14-moba-gate", inserted_dim, tmp_path, monkeypatch)
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
@@ -486,17 +506,14 @@ def test_gate_every_score_one_query_row_at_a_time_refused(tmp_path, monkeypatch)
     """Review 6: each query against every key, one row at a time, then block means. No tensor is T x T, but the
     work is: the bound on the total entries taken in refuses it."""
     def row_scores(query, key, block_size, top_k):
-        b, h, t = query.shape[:3]
-        nb = -(-t // block_size)
+        h, t, s_len = query.shape[1], query.shape[2], key.shape[2]
+        nb = -(-s_len // block_size)
         kr = key.repeat_interleave(h // key.shape[1], dim=1)
         rows = []
         for i in range(t):
-            s = (kr * query[:, :, i:i + 1, :]).sum(-1)
-            rows.append(torch.stack([s[..., j * block_size:(j + 1) * block_size].mean(-1) for j in range(nb)], -1))
-        gate = torch.stack(rows, 2)
-        own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
-        rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
-        return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+            sc = (kr * query[:, :, i:i + 1, :]).sum(-1)
+            rows.append(torch.stack([sc[..., j * block_size:(j + 1) * block_size].mean(-1) for j in range(nb)], -1))
+        return rank_blocks(torch.stack(rows, 2), s_len, block_size, top_k)
 
     msg, graded = refused("14-moba-gate", row_scores, tmp_path, monkeypatch)
     assert "entries in all" in msg and "entries in all" in graded, msg

@@ -231,6 +231,35 @@ def test_indexer_kl_loss_is_the_kl_divergence_and_zero_at_the_target():
     torch.testing.assert_close(indexer_kl_loss(s, w), kl)
 
 
+def test_indexer_kl_loss_sparse_stage_is_the_kl_over_the_selected_tokens():
+    """DSA's sparse training stage: both distributions restricted to each query's selected tokens and renormalised
+    there (torch's kl_div on the restricted rows); a selection of every causal token is the dense stage; the
+    gradient reaches only the selected tokens' scores; bad selections are refused."""
+    gen = torch.Generator().manual_seed(4)
+    causal = torch.ones(9, 9).tril().bool()
+    w = torch.softmax(torch.randn(2, 3, 9, 9, generator=gen).masked_fill(~causal, -math.inf), -1)  # (B, H, T, S)
+    s = torch.randn(2, 9, 9, generator=gen).masked_fill(~causal, -math.inf).requires_grad_()  # (B, T, S)
+    chosen = top_k_tokens(s.detach(), 3)  # (B, T, 3), -1 where fewer than 3 exist
+    target = w.sum(1)
+    kl = []
+    for b in range(2):
+        for t in range(9):
+            idx = chosen[b, t][chosen[b, t] >= 0]
+            p = target[b, t, idx] / target[b, t, idx].sum()
+            kl.append(F.kl_div(torch.log_softmax(s[b, t, idx], -1), p, reduction="sum"))
+    loss = indexer_kl_loss(s, w, selected=chosen)
+    torch.testing.assert_close(loss, torch.stack(kl).mean())
+    every = top_k_tokens(s.detach(), 9)
+    torch.testing.assert_close(indexer_kl_loss(s, w, selected=every), indexer_kl_loss(s, w))
+    grad = torch.autograd.grad(loss, s)[0]
+    picked = torch.zeros(2, 9, 10, dtype=torch.bool).scatter_(-1, torch.where(chosen >= 0, chosen, 9), True)[..., :9]
+    assert torch.all(grad[~picked] == 0) and grad[picked].abs().sum() > 0
+    with pytest.raises(ValueError, match="selected"):
+        indexer_kl_loss(s, w, selected=chosen.float().long()[:, :4])
+    with pytest.raises(ValueError, match="selected"):
+        indexer_kl_loss(s, w, selected=chosen.int())
+
+
 def test_indexer_cost_counts():
     c = indexer_cost(4096)
     assert c["dense"] == 128 * (576 + 512) * 4096 and c["sparse"] == 128 * 1088 * 2048

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from attncourse import linear_attention as la
-from attncourse.state_tracking import ParityDeltaNet, parity_batch, train_parity
+from attncourse.state_tracking import (CountingDeltaProduct, ParityDeltaNet, delta_product, parity_batch, train_counting,
+                                       train_parity)
 
 
 def test_parity_batch():
@@ -43,3 +44,51 @@ def test_negative_eigenvalues_learn_parity_and_positive_ones_do_not():
     train1, test1 = train_parity(1.0, 0)
     assert train2 > 0.99 and test2 > 0.95  # beta in [0, 2]: parity at 4x the trained length
     assert train1 < 0.7 and test1 < 0.6  # beta in [0, 1]: near chance even at the trained length
+
+
+# ----------------------------------------------------------------------------- DeltaProduct
+
+
+def _product_recurrence(q, k, v, beta):
+    """n_h delta steps per token with la.recurrent_step, the query read after the last: the reference."""
+    b, h, t, n_h, dk = k.shape
+    S = q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for i in range(t):
+        for j in range(n_h):
+            o, S = la.recurrent_step(S, q[:, :, i], k[:, :, i, j], v[:, :, i, j], beta=beta[:, :, i, j], scale=1.0)
+        outs.append(o)  # the read after the token's last step
+    return torch.stack(outs, 2), S
+
+
+@pytest.mark.parametrize("n_h,t,chunk", [(1, 13, 4), (2, 13, 5), (3, 7, 16)])
+def test_delta_product_equals_its_recurrence(n_h, t, chunk):
+    gen = torch.Generator().manual_seed(n_h)
+    q = torch.randn(2, 2, t, 4, generator=gen, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(2, 2, t, n_h, 4, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(2, 2, t, n_h, 3, generator=gen, dtype=torch.float64)
+    beta = 2 * torch.rand(2, 2, t, n_h, generator=gen, dtype=torch.float64)
+    o, S = delta_product(q, k, v, beta, chunk_size=chunk, scale=1.0)
+    o_ref, S_ref = _product_recurrence(q, k, v, beta)
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(S, S_ref)
+    if n_h == 1:  # one step per token is DeltaNet
+        torch.testing.assert_close(o, la.chunked(q, k[:, :, :, 0], v[:, :, :, 0], beta=beta[..., 0], scale=1.0)[0])
+
+
+def test_delta_product_rejects_bad_shapes():
+    q, k, v, beta = torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 2, 4), torch.randn(1, 1, 5, 2, 3), torch.rand(1, 1, 5, 2)
+    with pytest.raises(ValueError, match="beta"):
+        delta_product(q, k, v, beta[..., :1])
+    with pytest.raises(ValueError, match="k"):
+        delta_product(q, k[..., 0, :], v, beta)
+    with pytest.raises(ValueError, match="n_h"):
+        CountingDeltaProduct(0)
+
+
+def test_two_reflections_count_modulo_three_and_one_does_not():
+    """The lesson's claim on one seed at half its schedule: DeltaNet (n_h = 1, beta in [0, 2]) stays near chance
+    (1/3) on the running sum mod 3; DeltaProduct with n_h = 2 learns it at the trained length."""
+    one, _ = train_counting(1, 0, steps=150)
+    two, _ = train_counting(2, 0, steps=150)
+    assert one < 0.5 and two > 0.99

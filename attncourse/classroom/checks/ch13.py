@@ -15,6 +15,9 @@ import torch.nn.functional as F
 from attncourse import linear_attention as la
 from attncourse.recall import memory_recall
 from . import Case, exercise
+from .ch13_breakers import (_breaker_chunk_loop, _breaker_gdn_all_chunks_solved_at_once,  # noqa: E402
+                            _breaker_gdn_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys,
+                            _breaker_token_loop)
 
 _MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|matmul|mv|addbmm|einsum)$")  # matrix products, as the trace names them
 
@@ -68,7 +71,7 @@ def _chunk_by_chunk(runs) -> str | None:
         for name, _launch, _helper, tensors in (run.trace or {}).get("ops", []):
             for _label, _offset, shape, _stride in tensors:
                 dims = sorted(shape[-2:], reverse=True)  # the matrix an operator works on (other layouts: see below)
-                if len(dims) == 2 and dims[0] > chunk and dims[1] >= chunk and dims[0] > n:
+                if len(dims) == 2 and dims[0] > chunk and dims[1] >= chunk and dims[0] > n + 1:  # (n+1, n+1): chunks
                     return (f"case '{run.case.name}': your code ran {name.split('::')[-1]} on a tensor of shape "
                             f"{tuple(shape)}: it relates more than a chunk ({chunk}) of positions to a chunk or more "
                             "of others, so its cost grows as T^2; carry the state from chunk to chunk instead")
@@ -111,6 +114,26 @@ def _chunk_by_chunk(runs) -> str | None:
     return None
 
 
+def _no_chunk_loop(runs) -> str | None:
+    """Every chunk at once (Mamba-2's ``ssd_minimal``): at a fixed chunk size, the operator count does not grow with
+    the number of chunks (T = 32 and 128 in chunks of 8: 4 and 16 chunks), so no Python loop steps from chunk to
+    chunk; the states between chunks come from one product with a chunk-level decay matrix."""
+    other = _chunk_by_chunk(runs)
+    if other:
+        return other
+    by_chunk = {}
+    for run in runs:
+        T, chunk, n = _chunks(run)
+        by_chunk.setdefault(chunk, []).append((n, _work(run)))
+    for chunk, rows in by_chunk.items():
+        (n_few, w_few), (n_many, w_many) = min(rows), max(rows)
+        if n_many > n_few and w_many - w_few >= n_many - n_few:
+            return (f"with chunks of {chunk}, your code runs {w_many} PyTorch operations for {n_many} chunks and "
+                    f"{w_few} for {n_few}: the work grows with the number of chunks, so it steps from chunk to chunk; "
+                    "this exercise asks for every chunk at once, the states between chunks included")
+    return None
+
+
 # ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
 
 
@@ -148,48 +171,6 @@ def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
     return o, torch.stack(states, 2)
 
 
-def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
-    """The recurrence, one token at a time: right, but the work grows with the tokens."""
-    S = initial_state
-    outs, states = [], [S]
-    for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append((S * q[:, :, t, :, None]).sum(-2))
-        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
-            states.append(S)
-    return torch.stack(outs, 2), torch.stack(states, 2)
-
-
-def _breaker_quadratic(q, k, v, g, initial_state, chunk_size):
-    """The (T, T) masked product, and the boundary states from every key at once: right, but quadratic in T."""
-    G = g.cumsum(-1)
-    T = q.shape[2]
-    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    o = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v + (q * G[..., None].exp()) @ initial_state
-    ends = torch.tensor([min(e, T) for e in range(0, T + chunk_size, chunk_size)][:-(-T // chunk_size) + 1])
-    Gb = F.pad(G, (1, 0))[..., ends]  # (B,H,n+1) log-decay from the start to each boundary
-    w = (Gb[..., :, None] - G[..., None, :]).masked_fill(torch.arange(T)[None, :] >= ends[:, None], float("-inf"))
-    states = torch.einsum("bhns,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None, None] * initial_state[:, :, None]
-    return o, states
-
-
-def _breaker_rows_against_all_keys(q, k, v, g, initial_state, chunk_size):
-    """A chunk of queries at a time, but against every earlier key (tiled, no state carried): quadratic in T."""
-    G = g.cumsum(-1)
-    T = q.shape[2]
-    outs, states = [], [initial_state]
-    for a in range(0, T, chunk_size):
-        b = min(a + chunk_size, T)
-        diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
-        keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
-        w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
-        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, None].exp()) @ initial_state)
-        rest = (G[..., b - 1:b] - G[..., :b]).exp()  # (B,H,b) decay from each key to the boundary
-        states.append((k[:, :, :b] * rest[..., None]).transpose(-2, -1) @ v[:, :, :b]
-                      + G[..., b - 1, None, None].exp() * initial_state)
-    return torch.cat(outs, 2), torch.stack(states, 2)
-
-
 def _with_package_mask(mask_of, name: str):
     """A chunk-by-chunk answer whose intra-chunk decay mask comes from the package (`mask_of(g_chunk)`): refused."""
     def shortcut(q, k, v, g, initial_state, chunk_size):
@@ -222,18 +203,20 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8), (128, 8))  # (T,
 @exercise("13-chunked-decay", "chunked_decay_attention", points=3, category="implement",
           forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"),
           shortcuts=(_shortcut_chunked, _shortcut_parallel, _shortcut_segsum, _shortcut_decay_mask),
-          prop=_chunk_by_chunk,
-          breakers=(_breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
-          prop_doc="chunkwise: no tensor relates more than a chunk of positions to a chunk or more of others (in any "
-                   "layout: the elements the operators take in grow linearly in T at a fixed chunk size, T = 32 and "
-                   "128 in chunks of 8), and the operator count does not grow with the tokens per chunk (T = 32, 64, "
-                   "128 in 4 chunks)",
-          title="Decayed linear attention, chunk by chunk, with its boundary states",
-          hint="inside a chunk, the decay from token s to token r is the exponential of a difference of cumulative "
-               "sums of g (taken inside the chunk); the state from earlier chunks reaches token r decayed by the "
-               "cumulative sum up to r. After each chunk, decay the state by the whole chunk's sum and add each "
-               "key's outer product with its value, decayed by what remains of the chunk after it; keep the state "
-               "at every boundary, the initial one first. The last chunk may be short")
+          prop=_no_chunk_loop,
+          breakers=(_breaker_chunk_loop, _breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
+          prop_doc="every chunk at once: the operator count grows neither with the tokens per chunk (T = 32, 64, 128 "
+                   "in 4 chunks) nor with the number of chunks (T = 32 and 128 in chunks of 8), and no tensor relates "
+                   "more than a chunk of positions to a chunk or more of others (in any layout: the elements the "
+                   "operators take in grow linearly in T at a fixed chunk size)",
+          title="Decayed linear attention, every chunk at once, with its boundary states",
+          hint="pad to whole chunks with tokens that change nothing and give the chunks their own axis; inside a "
+               "chunk the decay from token s to token r is the exponential of a difference of cumulative sums of g "
+               "taken inside the chunk. Each chunk adds to the state at its end its keys times their values, each "
+               "key decayed by what remains of the chunk after it. The states at the boundaries follow the same "
+               "scalar-decay recurrence, one step per chunk, so they too are one masked product: a decay matrix over "
+               "the boundaries times the chunks' contributions, the initial state counted as the zeroth. Each chunk "
+               "then reads the state at its start")
 def _chunked_decay():
     """Causal linear attention with a scalar decay per token and head (RetNet, Mamba-2), chunk by chunk."""
     gen = torch.Generator().manual_seed(13)
@@ -266,31 +249,33 @@ def _gdn_reference(q, k, v, g, beta, initial_state, chunk_size):
     return torch.cat(outs, 2), torch.stack(states, 2)
 
 
-def _breaker_gdn_token_loop(q, k, v, g, beta, initial_state, chunk_size):
-    """The gated delta rule one token at a time: right, but the work grows with the tokens."""
-    S = initial_state
-    outs, states = [], [S]
-    for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp()
-        u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
-        S = S + k[:, :, t, :, None] * u[:, :, None, :]
-        outs.append((S * q[:, :, t, :, None]).sum(-2))
-        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
-            states.append(S)
-    return torch.stack(outs, 2), torch.stack(states, 2)
+def _fixed_in_place(runs) -> str | None:
+    """The given code fixed, not replaced: still chunk by chunk (:func:`_chunk_by_chunk`), and still one triangular
+    solve for each chunk's writes, inside the chunk loop (a rewrite that solves every chunk at once is another
+    function, such as the package's)."""
+    other = _chunk_by_chunk(runs)
+    if other:
+        return other
+    for run in runs:
+        _T, _chunk, n = _chunks(run)
+        solves = sum(1 for name, *_ in (run.trace or {}).get("ops", []) if "solve_triangular" in name)
+        if solves < n:
+            return (f"case '{run.case.name}': your code ran {solves} triangular solve(s) for {n} chunks: fix the "
+                    "given function where it is wrong and keep its form, one solve per chunk for that chunk's writes")
+    return None
 
 
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
-          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_chunk_by_chunk,
-          breakers=(_breaker_gdn_token_loop,),
-          prop_doc="still chunkwise once fixed: no (T, T) or chunk-against-all-keys tensor in any layout (the "
-                   "elements the operators take in grow linearly in T at a fixed chunk size), and the operator count "
-                   "does not grow with the tokens per chunk",
-          bug_words=("w is not decayed", "w not decayed", "w misses", "w lacks", "w without", "undecayed key",
-                     "undecayed keys", "keys are not decayed", "key is not decayed", "keys not decayed",
-                     "missing decay", "decay is missing", "forgot the decay", "forgets the decay", "without its decay",
-                     "k_c * g.exp()", "k_c * g[..., none].exp()", "stale state", "reads the state undecayed",
-                     "state read undecayed"),
+          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_fixed_in_place,
+          breakers=(_breaker_gdn_token_loop, _breaker_gdn_all_chunks_solved_at_once),
+          prop_doc="the given code fixed, still chunkwise: no (T, T) or chunk-against-all-keys tensor in any layout "
+                   "(the elements the operators take in grow linearly in T at a fixed chunk size), the operator count "
+                   "does not grow with the tokens per chunk, and each chunk's writes are solved in the chunk loop "
+                   "(one triangular solve per chunk at least)",
+          bug_words=("decayed twice", "decays twice", "decay twice", "twice decayed", "applied twice", "double decay",
+                     "doubly decayed", "double-decayed", "decayed two times", "from s_end", "with s_end", "uses s_end",
+                     "s_end instead", "instead of s_end", "read undecayed", "stale state",
+                     "decayed over the whole chunk"),
           title="Fix a chunked gated delta rule that also returns its boundary states",
           hint="note which cases fail and which pass (with and without decay, one chunk or several, a zero or a "
                "given initial state); then take two chunks of two tokens, unroll the recurrence by hand and compare "

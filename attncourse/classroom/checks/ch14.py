@@ -42,56 +42,97 @@ from .ch14_breakers import _breaker_dense, _breaker_row_scores, _breaker_token_s
 
 
 def _no_token_scores(runs) -> str | None:
-    """No (T, T) tensor of query-key scores is ever formed, in any layout: no operator receives a tensor with two
-    dims of size T (wherever they sit, singleton dims between them or not) or with as many elements as B*H*T*T where
-    no gate tensor could be that large, and no matrix product multiplies two operands that both run over the T
-    tokens."""
+    """No (queries x keys) grid of single-key scores is ever formed, in any layout: no operator receives a tensor with
+    a dim for the Tq queries and another for the S keys (two dims of size T when Tq = S = T, wherever they sit), or
+    with as many elements as B*H*Tq*S where no gate tensor could be that large, and no matrix product multiplies an
+    operand that runs over the queries with one that runs over the keys."""
     for run in runs:
         query, key = run.case.args[0], run.case.args[1]
         b, h, t, d = query.shape
-        nb = -(-t // run.case.args[2])
+        s = key.shape[2]
+        nb = -(-s // run.case.args[2])
+
+        def grid(shape) -> bool:
+            dims = list(shape)
+            return dims.count(t) >= 2 if t == s else (t in dims and s in dims)
+
         for name, _launch, _helper, tensors in run.trace["ops"]:
             for _label, _off, shape, _stride in tensors:
                 numel = math.prod(int(x) for x in shape)
-                quadratic = numel >= b * h * t * t > 2 * b * h * t * nb * max(d, 1)
-                if list(shape).count(t) >= 2 or quadratic:
+                quadratic = numel >= b * h * t * s > 2 * b * h * (t * nb + s) * max(d, 1)
+                if t > 1 and grid(shape) or quadratic:
                     return (f"case '{run.case.name}': an operator ({_op(name)}) received a tensor of shape {shape}, "
-                            f"which holds a T x T = {t} x {t} grid of scores: the gate scores blocks, one summary per "
-                            "block, never single keys")
-            if _MATMUL.match(_op(name)) and len(tensors) >= 2 and all(t in shape for _l, _o, shape, _s in tensors[-2:]):
-                return (f"case '{run.case.name}': a matrix product ({_op(name)}) multiplied two operands that both run "
-                        f"over the {t} tokens: that is the T x T score matrix the gate exists to avoid")
-        # the total work, whatever the shapes: pooling reads B*Hkv*T*D, scoring B*H*(T + nB)*D and the selection
-        # B*H*T*nB entries, so a bounded number of passes over those; one query (or a few) at a time against every
-        # key reads B*H*T*T*D entries in all, which no tensor's shape shows
-        bound = _GATE_PASSES * b * h * t * (d + nb) + 4096
+                            f"which holds a {t} x {s} grid of query-key scores: the gate scores blocks, one summary "
+                            "per block, never single keys")
+            if t > 1 and _MATMUL.match(_op(name)) and len(tensors) >= 2:
+                a, c = (list(shape) for _l, _o, shape, _s in tensors[-2:])
+                if (t in a and s in c) or (s in a and t in c):
+                    return (f"case '{run.case.name}': a matrix product ({_op(name)}) multiplied an operand that runs "
+                            f"over the {t} queries with one that runs over the {s} keys: that is the score grid the "
+                            "gate exists to avoid")
+        if t < s:  # a chunk or a decode step: only the Tq given queries are scored, not all S positions
+            rows = {s, nb * run.case.args[2]}  # every position, padded to whole blocks or not
+            for name, _launch, _helper, tensors in run.trace["ops"]:
+                shapes = [list(shape) for _l, _o, shape, _s in tensors]
+                scored = any(nb in sh and d in sh and rows & set(sh) and len({nb, d, *(rows & set(sh))}) >= 3
+                             for sh in shapes)
+                if _MATMUL.match(_op(name)) and len(shapes) >= 2 and len(shapes[-2]) >= 2 and len(shapes[-1]) >= 2:
+                    a, c = shapes[-2], shapes[-1]
+                    scored |= (a[-1] == d and c[-2] == d and ((a[-2] in rows and c[-1] == nb)
+                                                              or (a[-2] == nb and c[-1] in rows)))
+                if scored:
+                    return (f"case '{run.case.name}': an operator ({_op(name)}) scored {s} positions against the "
+                            f"{nb} block summaries, but only the last {t} are queries: padding the queries to every "
+                            "position and keeping the last rows does the gate's work for tokens that are not asking; "
+                            "score the given queries, placed by their positions")
+        # the total work, whatever the shapes: pooling reads B*Hkv*S*D, scoring B*H*Tq*(nB + D) and the selection
+        # B*H*Tq*nB entries, so a bounded number of passes over those; each query against every key reads
+        # B*H*Tq*S*D entries in all, which no tensor's shape shows
+        bound = _GATE_PASSES * b * h * (t * (d + nb) + s * d) + 4096
         total = sum(math.prod(int(x) for x in shape) for _n, _l, _h, tensors in run.trace["ops"]
                     for _label, _off, shape, _stride in tensors)
         if total > bound:
             return (f"case '{run.case.name}': your code's operators took in {total} tensor entries in all, more than "
-                    f"{bound} ({_GATE_PASSES} passes over the queries, the block summaries and the (T, nB) gate): "
-                    "that is work that grows as T x T, as if every key were scored for every query, a few queries at "
-                    "a time; the gate scores blocks, one summary per block, never single keys")
+                    f"{bound} ({_GATE_PASSES} passes over the queries, the keys, the block summaries and the (Tq, nB) "
+                    "gate): that is work that grows as queries x keys, as if every key were scored for every query, a "
+                    "few queries at a time; the gate scores blocks, one summary per block, never single keys")
     return None
 
 
-def _select_blocks(gate: torch.Tensor, block_size: int, top_k: int) -> torch.Tensor:
-    """(..., T, nB) block scores -> MoBA's selection: the own block and the top_k - 1 best wholly earlier blocks."""
+def _as_indices(selected: torch.Tensor, top_k: int) -> torch.Tensor:
+    """(..., Tq, nB) bool -> (..., Tq, top_k) long: the selected blocks in increasing order, then -1."""
+    nb = selected.shape[-1]
+    order = torch.where(selected, torch.arange(nb), nb).sort(-1).values  # selected first, ascending; nB elsewhere
+    order = torch.cat([order, order.new_full((*order.shape[:-1], max(top_k - nb, 0)), nb)], -1)[..., :top_k]
+    return order.masked_fill(order == nb, -1)
+
+
+def _gate_reference(query: torch.Tensor, key: torch.Tensor, block_size: int, top_k: int) -> torch.Tensor:
+    """The package's gate for the last Tq of S positions (the earlier queries do not change a query's selection)."""
+    s, t = key.shape[2], query.shape[2]
+    full = torch.cat([query.new_zeros(*query.shape[:2], s - t, query.shape[-1]), query], 2)  # (B, H, S, D)
+    return _as_indices(moba_gate(full, key, block_size, top_k)[..., s - t:, :], top_k)
+
+
+def _select_blocks(gate: torch.Tensor, block_size: int, top_k: int, start: int = 0) -> torch.Tensor:
+    """(..., Tq, nB) block scores of the queries at start, start + 1, ... -> MoBA's selection as indices: the own
+    block and the top_k - 1 best wholly earlier blocks."""
     t, nb = gate.shape[-2:]
-    own = torch.arange(t) // block_size
-    past = torch.arange(nb)[None, :] < own[:, None]  # (T, nB)
+    own = (start + torch.arange(t)) // block_size
+    past = torch.arange(nb)[None, :] < own[:, None]  # (Tq, nB)
     rank = gate.masked_fill(~past, -math.inf).argsort(-1, descending=True).argsort(-1)  # 0 = best earlier block
-    return (rank < top_k - 1) & past | (torch.arange(nb)[None, :] == own[:, None])
+    return _as_indices((rank < top_k - 1) & past | (torch.arange(nb)[None, :] == own[:, None]), top_k)
 
 
 def _shortcut_package(query, key, block_size, top_k):
-    return moba_gate(query, key, block_size, top_k)
+    """The package's gate over all S positions, the last Tq rows kept, as indices: must be refused."""
+    return _gate_reference(query, key, block_size, top_k)
 
 
 def _shortcut_pool(query, key, block_size, top_k):
     """The package's pooling, then the rest by hand: must be refused."""
     pooled = mean_pool_blocks(key, block_size).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-    return _select_blocks(query @ pooled.transpose(-2, -1), block_size, top_k)
+    return _select_blocks(query @ pooled.transpose(-2, -1), block_size, top_k, key.shape[2] - query.shape[2])
 
 
 @exercise("14-moba-gate", "moba_select", points=3, category="implement",
@@ -99,28 +140,33 @@ def _shortcut_pool(query, key, block_size, top_k):
                   "torch.nn.functional.scaled_dot_product_attention", "torch.softmax"),
           allow=(), ops=("attention", "softmax", "logsumexp"), prop=_no_token_scores,
           breakers=(_breaker_token_scores, _breaker_row_scores), shortcuts=(_shortcut_package, _shortcut_pool),
-          prop_doc="the gate never forms a T x T score grid: no operator receives one, no matrix product runs over "
-                   "the tokens on both sides, and the entries its operators take in stay within a bounded number of "
-                   "passes over the queries, the block summaries and the (T, nB) gate (from the trace)",
-          title="MoBA's block gate: choose each query's key blocks from one summary per block",
-          hint="summarise each block of keys by one vector first (T need not be a multiple of block_size), score "
-               "every query against the summaries of its own KV head, and choose only among the blocks that lie "
-               "wholly before the query's own block; the own block is always kept and counts towards top_k")
+          prop_doc="the gate never forms a queries x keys score grid: no operator receives one, no matrix product runs "
+                   "over the queries on one side and the keys on the other, the entries its operators take in "
+                   "stay within a bounded number of passes over the queries, the keys, the block summaries and the "
+                   "(Tq, nB) gate, and for a chunk or a decode step only the Tq given queries are scored, not every "
+                   "position (from the trace)",
+          title="MoBA's block gate for a chunk of new queries: each query's key blocks as a list of indices",
+          hint="the queries are the last Tq of the S positions, so a query's own block follows from its position "
+               "among all S, not from its row; summarise each block of keys by one vector first (S need not be a "
+               "multiple of block_size), score every query against the summaries of its own KV head, and choose only "
+               "among the blocks that lie wholly before the query's own block; the own block is always kept and "
+               "counts towards top_k. List the chosen blocks in increasing order and fill the rest of the row with -1")
 def _moba_gate_cases():
-    """(B, H, T, nB) bool: MoBA's causal block selection, own block always kept, top_k counting it."""
+    """(B, H, Tq, top_k) long: MoBA's causal block selection for the last Tq of S positions, as sorted indices."""
     gen = torch.Generator().manual_seed(14)
     cases = []
-    for name, (b, h, hkv, t, d, block, top_k) in {
-        "B=2, H=2, T=40, blocks of 8, top 3": (2, 2, 2, 40, 16, 8, 3),
-        "T=37: the last block holds 1 key (blocks of 6), top 2": (1, 2, 2, 37, 8, 6, 2),
-        "grouped heads: H=4 over Hkv=2, T=44, blocks of 5, top 4": (2, 4, 2, 44, 8, 5, 4),
-        "top_k larger than the blocks: every earlier block (T=30, blocks of 7, top 9)": (1, 3, 1, 30, 8, 7, 9),
-        "top_k = 1: the own block only (T=27, blocks of 4)": (1, 2, 1, 27, 8, 4, 1),
-        "a long sequence: T=512, blocks of 64, top 3": (1, 1, 1, 512, 4, 64, 3),
+    for name, (b, h, hkv, s, t, d, block, top_k) in {
+        "prefill: B=2, H=2, Tq = S = 40, blocks of 8, top 3": (2, 2, 2, 40, 40, 16, 8, 3),
+        "a chunk: the last 13 of S=37 (the last block holds 1 key, blocks of 6), top 2": (1, 2, 2, 37, 13, 12, 6, 2),
+        "grouped heads: H=4 over Hkv=2, the last 21 of S=44, blocks of 5, top 4": (2, 4, 2, 44, 21, 9, 5, 4),
+        "top_k larger than the blocks: the last 11 of S=30, blocks of 7, top 9": (1, 3, 1, 30, 11, 8, 7, 9),
+        "top_k = 1: the own block only, the last 6 of S=27, blocks of 4": (1, 2, 1, 27, 6, 8, 4, 1),
+        "decode: one query after S=203 keys, blocks of 16, top 5": (2, 2, 1, 203, 1, 12, 16, 5),
+        "a long chunk: the last 200 of S=1000, blocks of 64, top 3": (1, 1, 1, 1000, 200, 4, 64, 3),
     }.items():
         q = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
-        k = torch.randn(b, hkv, t, d, generator=gen, dtype=torch.float64)
-        cases.append(Case(name, (q, k, block, top_k), expected=moba_gate(q, k, block, top_k), compare="equal"))
+        k = torch.randn(b, hkv, s, d, generator=gen, dtype=torch.float64)
+        cases.append(Case(name, (q, k, block, top_k), expected=_gate_reference(q, k, block, top_k), compare="equal"))
     return cases
 
 

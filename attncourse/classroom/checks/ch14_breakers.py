@@ -10,29 +10,33 @@ from attncourse import AttentionState, finalize_attention_state, online_attentio
 
 
 def _breaker_token_scores(query, key, block_size, top_k):
-    """Every query-key score, then averaged per block: the same gate values, T x T work (refused by the property)."""
-    b, h, t = query.shape[:3]
-    nb = -(-t // block_size)
-    s = query @ key.repeat_interleave(h // key.shape[1], dim=1).transpose(-2, -1)  # (B, H, T, T)
-    gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)  # (B, H, T, nB)
-    own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
+    """Every query-key score, then averaged per block: the same gate values, Tq x S work (refused by the property)."""
+    h, t, s_len = query.shape[1], query.shape[2], key.shape[2]
+    nb = -(-s_len // block_size)
+    s = query @ key.repeat_interleave(h // key.shape[1], dim=1).transpose(-2, -1)  # (B, H, Tq, S)
+    gate = torch.stack([s[..., i * block_size:(i + 1) * block_size].mean(-1) for i in range(nb)], -1)  # (B, H, Tq, nB)
+    own, blocks = (s_len - t + torch.arange(t))[:, None] // block_size, torch.arange(nb)[None, :]
     rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
-    return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+    sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
+    order = torch.cat([torch.where(sel, blocks, nb).sort(-1).values, sel.new_full((*sel.shape[:-1], top_k), nb, dtype=torch.long)], -1)
+    return order[..., :top_k].masked_fill(order[..., :top_k] == nb, -1)
 
 
 def _breaker_row_scores(query, key, block_size, top_k):
-    """Every query-key score, one query row at a time (no tensor is T x T), then block means: T x T work in all."""
-    b, h, t = query.shape[:3]
-    nb = -(-t // block_size)
+    """Every query-key score, one query row at a time (no tensor is Tq x S), then block means: Tq x S work in all."""
+    h, t, s_len = query.shape[1], query.shape[2], key.shape[2]
+    nb = -(-s_len // block_size)
     kr = key.repeat_interleave(h // key.shape[1], dim=1)
     rows = []
     for i in range(t):
-        s = (kr * query[:, :, i:i + 1, :]).sum(-1)  # (B, H, T): query i against every key
+        s = (kr * query[:, :, i:i + 1, :]).sum(-1)  # (B, H, S): query i against every key
         rows.append(torch.stack([s[..., j * block_size:(j + 1) * block_size].mean(-1) for j in range(nb)], -1))
-    gate = torch.stack(rows, 2)  # (B, H, T, nB)
-    own, blocks = torch.arange(t)[:, None] // block_size, torch.arange(nb)[None, :]
+    gate = torch.stack(rows, 2)  # (B, H, Tq, nB)
+    own, blocks = (s_len - t + torch.arange(t))[:, None] // block_size, torch.arange(nb)[None, :]
     rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
-    return (rank < top_k - 1) & (blocks < own) | (blocks == own)
+    sel = (rank < top_k - 1) & (blocks < own) | (blocks == own)
+    order = torch.cat([torch.where(sel, blocks, nb).sort(-1).values, sel.new_full((*sel.shape[:-1], top_k), nb, dtype=torch.long)], -1)
+    return order[..., :top_k].masked_fill(order[..., :top_k] == nb, -1)
 
 
 def _breaker_dense(q, k, v, block, top_k):

@@ -1,0 +1,106 @@
+"""Chapter 13's breakers: right outputs computed the wrong way, which the properties in ch13.py must refuse. They
+compute everything themselves (a breaker that called a helper of a checks module would be refused for that call,
+which proves nothing about its property)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _breaker_chunk_loop(q, k, v, g, initial_state, chunk_size):
+    """Chunk by chunk in a Python loop, the state carried (the package's way): right, but one step per chunk."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        qc, kc, vc, G = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], \
+            g[:, :, a:a + chunk_size].cumsum(-1)
+        keep = torch.ones(G.shape[-1], G.shape[-1], dtype=torch.bool).tril()
+        w = (qc @ kc.transpose(-2, -1)) * (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()
+        outs.append((qc * G[..., None].exp()) @ S + w @ vc)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)
+
+
+def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
+    """The recurrence, one token at a time: right, but the work grows with the tokens."""
+    S = initial_state
+    outs, states = [], [S]
+    for t in range(q.shape[2]):
+        S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
+            states.append(S)
+    return torch.stack(outs, 2), torch.stack(states, 2)
+
+
+def _breaker_quadratic(q, k, v, g, initial_state, chunk_size):
+    """The (T, T) masked product, and the boundary states from every key at once: right, but quadratic in T."""
+    G = g.cumsum(-1)
+    T = q.shape[2]
+    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    o = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v + (q * G[..., None].exp()) @ initial_state
+    ends = torch.tensor([min(e, T) for e in range(0, T + chunk_size, chunk_size)][:-(-T // chunk_size) + 1])
+    Gb = F.pad(G, (1, 0))[..., ends]  # (B,H,n+1) log-decay from the start to each boundary
+    w = (Gb[..., :, None] - G[..., None, :]).masked_fill(torch.arange(T)[None, :] >= ends[:, None], float("-inf"))
+    states = torch.einsum("bhns,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None, None] * initial_state[:, :, None]
+    return o, states
+
+
+def _breaker_rows_against_all_keys(q, k, v, g, initial_state, chunk_size):
+    """A chunk of queries at a time, but against every earlier key (tiled, no state carried): quadratic in T."""
+    G = g.cumsum(-1)
+    T = q.shape[2]
+    outs, states = [], [initial_state]
+    for a in range(0, T, chunk_size):
+        b = min(a + chunk_size, T)
+        diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
+        keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
+        w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
+        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, None].exp()) @ initial_state)
+        rest = (G[..., b - 1:b] - G[..., :b]).exp()  # (B,H,b) decay from each key to the boundary
+        states.append((k[:, :, :b] * rest[..., None]).transpose(-2, -1) @ v[:, :, :b]
+                      + G[..., b - 1, None, None].exp() * initial_state)
+    return torch.cat(outs, 2), torch.stack(states, 2)
+
+
+def _breaker_gdn_token_loop(q, k, v, g, beta, initial_state, chunk_size):
+    """The gated delta rule one token at a time: right, but the work grows with the tokens."""
+    S = initial_state
+    outs, states = [], [S]
+    for t in range(q.shape[2]):
+        S = S * g[:, :, t, None, None].exp()
+        u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
+        S = S + k[:, :, t, :, None] * u[:, :, None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+        if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
+            states.append(S)
+    return torch.stack(outs, 2), torch.stack(states, 2)
+
+
+def _breaker_gdn_all_chunks_solved_at_once(q, k, v, g, beta, initial_state, chunk_size):
+    """The package's form (an edited copy of la.chunked with the boundary states kept): every chunk's system solved
+    in one batched call before the loop. Right, but not the given code fixed."""
+    B, H, T, Dk = q.shape
+    C, n = chunk_size, -(-q.shape[2] // chunk_size)
+    pad = n * C - T
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).reshape(B, H, n, C, -1) for x in (q, k, v))
+    G = F.pad(g, (0, pad)).reshape(B, H, n, C).cumsum(-1)
+    b = F.pad(beta, (0, pad)).reshape(B, H, n, C, 1)
+    causal = torch.ones(C, C, dtype=torch.bool).tril()
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    A = (b * (k @ k.transpose(-2, -1)) * decay).masked_fill(~causal.tril(-1), 0.0)
+    eye = torch.eye(C, dtype=q.dtype)
+    U0 = torch.linalg.solve_triangular(eye + A, b * v, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(eye + A, b * k * G[..., None].exp(), upper=False, unitriangular=True)
+    S, outs, states = initial_state, [], [initial_state]
+    for i in range(n):
+        u = U0[:, :, i] - W[:, :, i] @ S
+        outs.append((q[:, :, i] * G[:, :, i, :, None].exp()) @ S + ((q[:, :, i] @ k[:, :, i].transpose(-2, -1))
+                                                                   * decay[:, :, i]) @ u)
+        S = S * G[:, :, i, -1, None, None].exp() + \
+            (k[:, :, i] * (G[:, :, i, -1:] - G[:, :, i])[..., None].exp()).transpose(-2, -1) @ u
+        states.append(S)
+    return torch.cat(outs, 2)[:, :, :T], torch.stack(states, 2)
