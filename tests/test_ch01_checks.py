@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from attncourse.classroom import checks
+from attncourse.classroom.checks.ch01 import BUGGY_ADDITIVE
+from test_edits import cell_function
 
 
 def _buggy(query, keys, W_q, W_k, v):  # the exercise's code: each score is squashed after its read-out by v
@@ -22,10 +24,15 @@ def _old_note_bug(query, keys, W_q, W_k, v):  # the earlier version's bug (a sof
     return (weights * keys).sum(dim=1), weights.squeeze(-1)
 
 
-def _fixed(query, keys, W_q, W_k, v):
+def _from_scratch(query, keys, W_q, W_k, v):  # right values, written from the formula: not a diagnosis
     scores = torch.einsum("a,bta->bt", v, torch.tanh((query @ W_q.T)[:, None] + keys @ W_k.T))
     weights = torch.softmax(scores, dim=-1)
     return torch.einsum("bt,btd->bd", weights, keys), weights
+
+
+# the given function with its one line fixed, typed in a cell (the check reads its source)
+_fixed = cell_function(BUGGY_ADDITIVE.replace("torch.tanh((q + k) @ v)", "torch.tanh(q + k) @ v")
+                       .replace("_buggy(", "_fixed("), "additive_attention_fixed", {"torch": torch})
 
 
 def test_the_bug_fails_and_the_fix_passes(capsys):
@@ -33,6 +40,8 @@ def test_the_bug_fails_and_the_fix_passes(capsys):
         checks.check("01-find-the-bug", _buggy)
     with pytest.raises(checks.CheckFailed, match="01-find-the-bug"):
         checks.check("01-find-the-bug", _old_note_bug)
+    with pytest.raises(checks.CheckFailed, match="not the way"):
+        checks.check("01-find-the-bug", _from_scratch)
     checks.check("01-find-the-bug", _fixed)
     assert "✓ 01-find-the-bug" in capsys.readouterr().out
 
@@ -146,6 +155,7 @@ def test_find_the_bug_routes(tmp_path, monkeypatch):
         return (weights.unsqueeze(-1) * keys).sum(dim=1), weights
 
     refused("01-find-the-bug", capped_then_scaled, tmp_path, monkeypatch, why="differ")
+    refused("01-find-the-bug", _from_scratch, tmp_path, monkeypatch, why="not the way")
     accepted("01-find-the-bug", _fixed, tmp_path, monkeypatch)
 
 

@@ -5,6 +5,8 @@ import torch
 
 from attncourse import scaled_dot_product_attention
 from attncourse.classroom import checks
+from attncourse.classroom.checks.ch02 import BUGGY_LUONG
+from test_edits import cell_function
 
 
 def _buggy(query, keys, values, lengths):  # the exercise's code: the mask marks the padding, not the tokens
@@ -12,15 +14,22 @@ def _buggy(query, keys, values, lengths):  # the exercise's code: the mask marks
     return scaled_dot_product_attention(query.unsqueeze(1), keys, values, mask.unsqueeze(1), scale=1.0).squeeze(1)
 
 
-def _fixed(query, keys, values, lengths):
+def _from_scratch(query, keys, values, lengths):  # right values, written anew: not a diagnosis
     valid = torch.arange(keys.shape[1]) < lengths[:, None]  # (B, T)
     scores = torch.einsum("bd,btd->bt", query, keys).masked_fill(~valid, float("-inf"))
     return torch.einsum("bt,btv->bv", torch.softmax(scores, dim=-1), values)
 
 
+# the given function with its mask read the right way, typed in a cell (the check reads its source)
+_fixed = cell_function(BUGGY_LUONG.replace("~mask", "mask").replace("_buggy(", "("), "luong_dot_attention",
+                       {"torch": torch})
+
+
 def test_the_bug_fails_and_the_fix_passes(capsys):
     with pytest.raises(checks.CheckFailed, match="02-find-the-bug"):
         checks.check("02-find-the-bug", _buggy)
+    with pytest.raises(checks.CheckFailed, match="not the way"):
+        checks.check("02-find-the-bug", _from_scratch)
     checks.check("02-find-the-bug", _fixed)
     assert "✓ 02-find-the-bug" in capsys.readouterr().out
 
@@ -123,6 +132,7 @@ def test_find_the_bug_routes(tmp_path, monkeypatch):
         refused("02-find-the-bug", route, tmp_path, monkeypatch, why="")
     for route in (luong_module, aten_kernel, course_attention, aten_safe_softmax):
         refused("02-find-the-bug", route, tmp_path, monkeypatch)
+    refused("02-find-the-bug", _from_scratch, tmp_path, monkeypatch, why="not the way")
     accepted("02-find-the-bug", _fixed, tmp_path, monkeypatch)
 
 

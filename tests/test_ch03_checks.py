@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 from attncourse.classroom import checks
+from attncourse.classroom.checks.ch03 import BUGGY_ATTENTION
+from test_edits import cell_function
 # ----------------------------------------------------------------------------- routes a learner could try (issue 23)
 
 from test_exercise_standard import as_learner, grader_reply, judge  # noqa: E402
@@ -78,6 +80,13 @@ def test_sdpa_numpy_routes(tmp_path, monkeypatch):
     refused("03-sdpa-numpy", unshifted, tmp_path, monkeypatch, why="large scores")
     accepted("03-sdpa-numpy", numpy_alone, tmp_path, monkeypatch)
 
+    def stable_log_sum_exp(Q, K, V):  # np.logaddexp shifts inside: passes the huge case too (as prop_doc says)
+        s = Q @ K.T / np.sqrt(Q.shape[1])
+        w = np.exp(s - np.logaddexp.reduce(s, axis=-1, keepdims=True))
+        return w @ V, w
+
+    accepted("03-sdpa-numpy", stable_log_sum_exp, tmp_path, monkeypatch)
+
 
 def test_find_the_bug_routes(tmp_path, monkeypatch):
     def aten_kernel(q, k, v):
@@ -92,7 +101,10 @@ def test_find_the_bug_routes(tmp_path, monkeypatch):
     refused("03-find-the-bug-1", aten_kernel, tmp_path, monkeypatch)
     refused("03-find-the-bug-1", math_kernel, tmp_path, monkeypatch)
     refused("03-find-the-bug-1", buggy, tmp_path, monkeypatch, why="")
-    accepted("03-find-the-bug-1", _attention, tmp_path, monkeypatch)
+    refused("03-find-the-bug-1", _attention, tmp_path, monkeypatch, why="not the way")  # right, but not the given code
+    fixed = cell_function(BUGGY_ATTENTION.replace("k.T", "k.transpose(-2, -1)").replace("_buggy(", "_fixed("),
+                          "attention_fixed", {"torch": torch})
+    accepted("03-find-the-bug-1", fixed, tmp_path, monkeypatch)
     assert checks.get("03-batched-attention-bug").id == "03-find-the-bug-1"  # old submissions still grade
 
 

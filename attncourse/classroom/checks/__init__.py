@@ -164,7 +164,7 @@ class Exercise:
         """What the guard enforces while the answer runs (plain data: the grader sends it to the kernel)."""
         return forbidden.policy(forbid=self.forbid, allow=self.allow, ops=self.forbidden_ops, library=True,
                                 trace=self.prop is not None if self.trace is None else self.trace,
-                                stream=self.stream)
+                                stream=self.stream, source=needs_source(self.prop))
 
     @property
     def chapter(self) -> str:
@@ -287,6 +287,7 @@ def exercises_for(chapter: str) -> list[Exercise]:
 # ----------------------------------------------------------------------------- comparison and feedback
 
 from .mistakes import diagnose  # noqa: E402
+from .edits import needs_source  # noqa: E402
 from .comparing import (_brief, _compare, _cut, _describe, _describe_kind, _few_valued, _fmt, _off_by,  # noqa: E402
                         _wrong_parts, compare, feedback, to_portable)
 

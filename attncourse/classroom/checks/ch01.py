@@ -10,7 +10,7 @@ import torch
 
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
 from attncourse.sdpa import safe_softmax
-from . import Case, exercise, forbidden
+from . import Case, edits, exercise, forbidden
 from .predictions import whole
 
 
@@ -125,14 +125,35 @@ def _shortcut_bug_module(query, keys, W_q, W_k, v):
         return _module(W_q, W_k, v)(query, keys)
 
 
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_ADDITIVE = '''\
+def additive_attention_buggy(query, keys, W_q, W_k, v):
+    q = (query @ W_q.T).unsqueeze(1)                       # (B, 1, A)
+    k = keys @ W_k.T                                       # (B, T, A)
+    scores = torch.tanh((q + k) @ v)                       # (B, T)
+    weights = torch.softmax(scores, dim=-1)                # (B, T): one distribution per sequence
+    context = (weights.unsqueeze(-1) * keys).sum(dim=1)    # (B, T, 1) * (B, T, Dk) -> (B, Dk)
+    return context, weights
+'''
+FIX_ADDITIVE = edits.SmallEdit(BUGGY_ADDITIVE, most=6, lines=(4,), names=("matmul",))
+
+
+def _rewrite_from_formula(query, keys, W_q, W_k, v):
+    """Attention written from the lesson's formula without reading the given code: right values, refused."""
+    scores = torch.tanh((query @ W_q.T).unsqueeze(1) + keys @ W_k.T) @ v  # (B, T)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights.unsqueeze(1) @ keys).squeeze(1), weights
+
+
 @exercise("01-find-the-bug", "additive_attention_fixed", points=2, category="bug",
           bug_words=("tanh after", "tanh outside", "outside the tanh", "after the read-out", "after the readout",
                      "before the tanh", "read out first", "read-out first", "bounded", "between -1 and 1",
                      "squashes the score", "squash the score", "squashed score", "e^2", "e²", "7.4", "wrong order",
                      "order of the", "inside the tanh", "cannot exceed", "range of the scores"),
           allow=(), ops=("attention",), shortcuts=(_shortcut_bug_module,),
-          prop_doc="output equality is the property: the weights of every sequence are the softmax of the additive "
-                   "scores as the formula defines them, and the context is their mix, whatever the sizes",
+          prop=edits.prop(FIX_ADDITIVE, "`additive_attention_fixed`"), trace=False, breakers=(_rewrite_from_formula,),
+          prop_doc="the diagnosis: the right weights and contexts, from the given function with a small edit where "
+                   "it is wrong (a rewrite from the formula does not show the bug was found)",
           hint="multiply v by 10, then by 100, and watch the largest weight of one sequence of 16 positions: with "
                "the lesson's score larger scores make sharper weights. Do they here? Find what caps the scores "
                "by following one score through the code, operation by operation, next to the formula")

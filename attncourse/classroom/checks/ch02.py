@@ -10,7 +10,7 @@ import torch
 
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, edits, exercise
 from .predictions import whole
 
 
@@ -169,6 +169,26 @@ def _shortcut_aten_safe_softmax(query, keys, values, lengths):
     return torch.einsum("bt,btv->bv", torch.ops.aten._safe_softmax(scores, -1), values)
 
 
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_LUONG = '''\
+def luong_dot_attention_buggy(query, keys, values, lengths):
+    T = keys.shape[1]
+    mask = torch.arange(T) >= lengths[:, None]                       # (T,) vs (B, 1) -> (B, T)
+    scores = (keys @ query.unsqueeze(-1)).squeeze(-1)               # (B, T, D) @ (B, D, 1) -> (B, T)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)          # (B, T); a row with no score left gives zeros
+    return (weights.unsqueeze(1) @ values).squeeze(1)                # (B, 1, T) @ (B, T, Dv) -> (B, Dv)
+'''
+FIX_LUONG = edits.SmallEdit(BUGGY_LUONG, most=4, lines=(3, 5))
+
+
+def _rewrite_masked_dot(query, keys, values, lengths):
+    """A masked dot attention written from scratch without reading the given code: right values, refused."""
+    valid = torch.arange(keys.shape[1]) < lengths[:, None]  # (B, T)
+    scores = torch.einsum("btd,bd->bt", keys, query).masked_fill(~valid, float("-inf"))
+    return torch.einsum("bt,btv->bv", torch.softmax(scores, dim=-1), values)
+
+
 @exercise("02-find-the-bug", "luong_dot_attention", points=2, category="bug",
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
           bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
@@ -179,8 +199,9 @@ def _shortcut_aten_safe_softmax(query, keys, values, lengths):
                          "aten::_sparse_log_softmax"),
           shortcuts=(_shortcut_luong_module, _shortcut_course_sdpa, _shortcut_aten_sdpa,
                      _shortcut_aten_safe_softmax),
-          prop_doc="output equality is the property: each context mixes exactly the first lengths[b] values of its "
-                   "row, which only the right mask gives",
+          prop=edits.prop(FIX_LUONG, "`luong_dot_attention`"), trace=False, breakers=(_rewrite_masked_dot,),
+          prop_doc="the diagnosis: each context mixes exactly the first lengths[b] values of its row, from the given "
+                   "function with a small edit where it is wrong (a rewrite does not show the bug was found)",
           hint="run the given function on a batch whose rows have different lengths, with zeros at the padded "
                "positions, and look at each row's context: what comes out for a short row, and what for a row that "
                "has no padding at all? Which positions did each row's query actually read?")

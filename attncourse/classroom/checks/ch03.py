@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise, forbidden
+from . import Case, edits, exercise, forbidden
 from .predictions import whole
 
 # Implement-it-yourself exercises may not call an attention that is already written: PyTorch's fused kernel or
@@ -78,7 +78,9 @@ def _numpy_through_scipy(Q, K, V):
           prop_doc="output equality is the property: the attention computed from the arrays, with no PyTorch "
                    "operation at all (the guard refuses every one); one case puts a row's scores near +20,000 and "
                    "another's near -20,000, beyond the range of any floating-point type NumPy has (long double "
-                   "included), so only the shift by each row's maximum passes it",
+                   "included), so exponentials of the raw scores fail it in every width; what passes is a softmax "
+                   "that subtracts from each row, before exponentiating, a value of the row's own size: its maximum "
+                   "(the lesson's way) or its log-sum-exp computed stably (np.logaddexp makes that shift inside)",
           hint="compare every query with every key, scale so that the scores' spread does not grow with the "
                "width, and turn each query's row into a distribution over the keys; shift each row by its own "
                "largest score before exponentiating, so that nothing overflows")
@@ -98,7 +100,7 @@ def _sdpa_numpy():
             factor = (2000 / (q @ k.T / d ** 0.5).abs().max()).sqrt()
             q, k = q * factor, k * factor
         if "huge" in name:  # beyond long double too (exp overflows it near 11,356 and underflows near -11,400):
-            # only a shift by each row's own maximum survives, whatever precision the exponentials are taken in
+            # only a per-row shift survives (the maximum, or a stable log-sum-exp), whatever width exp is taken in
             q[:, 0] = torch.tensor([100.0, -100.0], dtype=q.dtype)
             k[:, 0] = 800.0 + torch.randn(tk, generator=gen, dtype=k.dtype)  # scores near +-100 * 800 / 4
         out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
@@ -119,6 +121,23 @@ def _bug_by_oracle(q, k, v):
     return scaled_dot_product_attention(q, k, v)
 
 
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_ATTENTION = '''\
+def attention_buggy(q, k, v):
+    inv_scale = q.shape[-1] ** -0.5
+    weights = (inv_scale * q @ k.T).softmax(dim=-1)
+    return weights @ v
+'''
+FIX_ATTENTION = edits.SmallEdit(BUGGY_ATTENTION, most=12, lines=(3,),
+                                names=("torch", "mT", "transpose", "swapaxes", "swapdims", "movedim"))
+
+
+def _rewrite_lesson_cell(q, k, v):
+    """The lesson's own attention, pasted: right values without reading the given code, refused."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Tq, Tk)
+    return torch.softmax(scores, dim=-1) @ v                    # (..., Tq, Dv)
+
+
 @exercise("03-find-the-bug-1", "attention_fixed", points=2, category="bug", forbid=_FORBID,
           aliases=("03-batched-attention-bug",),
           bug_words=("mT", "reverses all", "reverses every", "reverse all", "reverses the", "reversed", "all four dims",
@@ -126,8 +145,9 @@ def _bug_by_oracle(q, k, v):
                      "only the last two", "last two axes", "last two dims", "last two dimensions", "swapaxes",
                      "shape reversed", "permutedims", "deprecated"),
           allow=(), ops=("attention",), shortcuts=(_bug_by_aten, _bug_by_oracle),
-          prop_doc="output equality is the property: the right values for inputs of every rank and size (2-D, "
-                   "Tq != Tk, every axis of one size)",
+          prop=edits.prop(FIX_ATTENTION, "`attention_fixed`"), trace=False, breakers=(_rewrite_lesson_cell,),
+          prop_doc="the diagnosis: the right values for inputs of every rank and size (2-D, Tq != Tk, every axis of "
+                   "one size), from the given function with a small edit where it is wrong",
           hint="run it on each input of the cell and print the shape of every intermediate: where does one first "
                "differ from what the formula needs?")
 def _batched_bug():

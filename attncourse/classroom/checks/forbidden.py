@@ -105,10 +105,31 @@ def message(name):
     return f"your code called {name}, which this exercise asks you not to use"
 
 
-def policy(forbid=(), allow=(), ops=(), library=True, trace=False, stream=None):
-    """An exercise's policy as a plain dict (what the grader sends to the kernel)."""
+def policy(forbid=(), allow=(), ops=(), library=True, trace=False, stream=None, source=False):
+    """An exercise's policy as a plain dict (what the grader sends to the kernel); `source`: record the answer's
+    source in the trace (a find-the-bug exercise judges the edit, see :mod:`.edits`)."""
     return {"forbid": tuple(forbid), "allow": tuple(allow), "ops": tuple(ops), "library": bool(library),
-            "trace": bool(trace), "stream": stream}
+            "trace": bool(trace), "stream": stream, "source": bool(source)}
+
+
+def source_of(func):
+    """`func`'s source as its cell holds it, kept only when compiling that text gives `func`'s own bytecode and
+    names (a function whose code was swapped for another's has no source); else ``{"why": ...}``."""
+    import inspect
+    import textwrap
+
+    code = getattr(func, "__code__", None)
+    if code is None or not inspect.isfunction(func):
+        return {"why": "it is not a function defined with def"}
+    try:
+        text = textwrap.dedent(inspect.getsource(func))
+        compiled = compile(text, code.co_filename, "exec")
+    except (OSError, TypeError, SyntaxError) as err:
+        return {"why": f"{type(err).__name__}: {err}"[:200]}
+    found = [c for c in compiled.co_consts if isinstance(c, types.CodeType) and c.co_name == code.co_name]
+    if not any(c.co_code == code.co_code and c.co_names == code.co_names for c in found):
+        return {"why": "its text does not compile to the code that runs"}
+    return text
 
 
 def normalise(name):
@@ -1158,4 +1179,6 @@ def run(answer, args, kwargs, pol, namespace=None):
     trace = guard.trace if guard.tracing else None
     if chunks is not None:
         trace = dict(trace or {}, chunks=chunks.handed)
+    if pol.get("source"):
+        trace = dict(trace or {}, source=source_of(answer))
     return {"result": result, "error": error, "used": list(guard.used), "trace": trace}
