@@ -278,7 +278,8 @@ def _page_by_page(runs) -> str | None:
           prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence, "
                    "nor more than two pages' keys for every head",
           breakers=(_breaker_paged_alibi,),
-          bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index"),
+          bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index",
+                     "holds positions", "table holds"),
           hint="the first tests use block tables of one particular kind; build a pool the way a server fills one "
                "(the lesson decoded several sequences round-robin), test a sequence from it against dense attention "
                "over its keys, and look at which inputs the step's bias depends on")
