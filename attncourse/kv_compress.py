@@ -127,17 +127,19 @@ def retrieval_batch(generator: torch.Generator, batch: int, seg_len: int, vocab:
 
 
 def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = "full", *, budget: int | None = None,
-                    window: int = 4, kernel: int = 7) -> dict:
+                    window: int = 4, kernel: int = 7, pool: str = "max") -> dict:
     """Next-token accuracy of the decode steps (queries at positions prompt_len .. T-2, each predicting the next
     token; the first continuation token comes from the prefill, which saw the whole prompt) with every
     layer's prompt keys and values compressed by `method`, and the cache's bytes for the prompt.
 
     `method`: "full" (no compression), "int8" (:func:`quantize_kv` on every key and value, prompt and continuation),
     "recent" (the last `budget` prompt keys), "h2o" (:func:`h2o_keep`, `window` recent keys) or "snapkv"
-    (:func:`snapkv_keep`). Evicted keys are hidden from the continuation's queries only (the prompt was prefilled
+    (:func:`snapkv_keep`, with `kernel` and `pool`; ``kernel=5, pool="avg"`` is the reference code's). The
+    continuation is teacher-forced (every decode query is fed the true previous token; for the model's own tokens fed
+    back, wrap this in :func:`attncourse.kv_evict.free_running`). Evicted keys are hidden from the continuation's queries only (the prompt was prefilled
     with all of them), as when a server compresses after the prefill. Bytes: keys and values of the prompt per layer
     and KV head, float16 for kept keys (int8 plus float16 scales for "int8"). Returns ``{"accuracy", "per_step"
-    (the accuracy of each decode step, over the batch), "bytes", "full_bytes"}``."""
+    (the accuracy of each decode step, over the batch), "bytes", "full_bytes", "logits" (B, T, V)}``."""
     methods = ("full", "int8", "recent", "h2o", "snapkv")
     if method not in methods:
         raise ValueError(f"method must be one of {methods}, got {method!r}")
@@ -157,7 +159,7 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
             if method == "h2o":
                 keep = h2o_keep(m, min(budget, prompt_len), min(window, budget, prompt_len))
             elif method == "snapkv":
-                keep = snapkv_keep(m, min(budget, prompt_len), min(window, budget, prompt_len), kernel)
+                keep = snapkv_keep(m, min(budget, prompt_len), min(window, budget, prompt_len), kernel, pool=pool)
             elif method == "recent":
                 keep = torch.zeros(m.shape[:-1], dtype=torch.bool)
                 keep[..., max(0, prompt_len - budget):] = True
@@ -189,4 +191,4 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
     pred = logits[:, prompt_len:-1].argmax(-1)  # the tokens decoded from the compressed cache
     hits = (pred == tokens[:, prompt_len + 1:]).double()  # (B, decode steps)
     return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "bytes": byte_count,
-            "full_bytes": full_bytes}
+            "full_bytes": full_bytes, "logits": logits}

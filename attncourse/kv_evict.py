@@ -10,7 +10,8 @@ attention weights are **added** to each cached key's score, and the key with the
 the recent window is evicted. An evicted key never returns. :func:`kv_compress.compressed_eval`'s ``"h2o"`` is the
 one-shot variant: the prompt is trimmed once and the scores are never updated (the decoded keys are all kept).
 
-:func:`decode_eval` runs a model's continuation under either policy, teacher-forced: layer by layer, each decode
+:func:`decode_eval` runs a model's continuation under either policy, teacher-forced (:func:`free_running` feeds the
+model's own tokens back instead): layer by layer, each decode
 query sees exactly the keys its layer's cache holds at that step (built as a per-query mask, so one forward per layer
 and step gives what a token-by-token decode gives; ``tests/test_kv_evict.py`` checks it against such a decode).
 """
@@ -22,7 +23,7 @@ import torch
 from . import _validate
 from .kv_compress import h2o_keep
 
-__all__ = ["decode_eval", "evict_one"]
+__all__ = ["decode_eval", "evict_one", "free_running"]
 
 
 def evict_one(keep: torch.Tensor, score: torch.Tensor, step: int, budget: int, recent: int, policy: str
@@ -95,3 +96,24 @@ def decode_eval(model, tokens: torch.Tensor, prompt_len: int, policy: str = "h2o
         logits = model.head(model.norm(x))  # (B, T, V)
     hits = (logits[:, prompt_len:-1].argmax(-1) == tokens[:, prompt_len + 1:]).double()  # (B, decode steps)
     return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "max_keys": most, "logits": logits}
+
+
+def free_running(evaluate, tokens: torch.Tensor, prompt_len: int) -> dict:
+    """The same evaluation decoded for real: the model's own greedy token is fed back at every step.
+
+    `evaluate(seq)` runs one teacher-forced evaluation on (B, T) ids and returns a dict with "logits" (B, T, V), as
+    :func:`decode_eval`, :func:`kv_compress.compressed_eval` and :func:`quest.quest_eval` do. Step by step, the
+    argmax at position s becomes token s + 1 (the first continuation token comes from the prefill, as in the
+    teacher-forced run), and the whole evaluation is run again on the new sequence, so a policy that looks at the
+    continuation (H2O's scores, Quest's pages) sees the tokens the model decoded, not the true ones. Returns
+    ``{"accuracy", "per_step", "tokens" (the decoded sequence)}``: the share of decoded tokens that equal the true
+    continuation, over the same positions the teacher-forced accuracy scores."""
+    _validate.tensor("tokens", tokens, min_rank=2)
+    b, t = tokens.shape
+    if not 1 <= prompt_len < t - 1:
+        raise ValueError(f"prompt_len must leave a continuation: 1 <= prompt_len < T - 1 = {t - 1}, got {prompt_len}")
+    seq = tokens.clone()
+    for s in range(prompt_len, t - 1):
+        seq[:, s + 1] = evaluate(seq)["logits"][:, s].argmax(-1)  # causal: positions <= s are final already
+    hits = (seq[:, prompt_len + 1:] == tokens[:, prompt_len + 1:]).double()  # (B, decode steps)
+    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "tokens": seq}

@@ -105,7 +105,7 @@ def quest_eval(model, tokens: torch.Tensor, prompt_len: int, *, page_size: int, 
     of every layer and head reads only the pages `mode` picks for it: "quest" (upper bounds), "oracle" (exact best
     score per page) or "recent" (the newest pages). `pages` pages are picked besides the query's own.
 
-    Returns ``{"accuracy", "per_step", "recall"}``: recall is the share of the full attention weight (the query's
+    Returns ``{"accuracy", "per_step", "recall", "logits" (B, T, V)}``: recall is the share of the full attention weight (the query's
     weights over all its keys) that falls on the keys it read, averaged over decode queries, layers and heads."""
     if mode not in ("quest", "oracle", "recent"):
         raise ValueError(f"mode must be 'quest', 'oracle' or 'recent', got {mode!r}")
@@ -138,4 +138,5 @@ def quest_eval(model, tokens: torch.Tensor, prompt_len: int, *, page_size: int, 
             x = x + attn(h, attn_mask=mask)
         logits = model.head(model.norm(x))  # (B, T, V)
     hits = (logits[:, prompt_len:-1].argmax(-1) == tokens[:, prompt_len + 1:]).double()
-    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "recall": sum(recall) / len(recall)}
+    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "recall": sum(recall) / len(recall),
+            "logits": logits}

@@ -100,6 +100,22 @@ def test_tile_states(tmp_path, monkeypatch):
         return tile_states_reduce(mask, block_q, block_k)
 
     refused("11-tile-states", pickled, tmp_path, monkeypatch, because="__reduce_ex__")
+
+    def printed(mask, block_q, block_k):  # cold review 9: the mask's text parsed back, then plain Python over tiles
+        import re
+        torch.set_printoptions(profile="full", linewidth=100000)
+        text = repr(mask.int())
+        torch.set_printoptions(profile="default")
+        rows = [[int(x) for x in re.findall(r"\d+", line)] for line in text.split("\n") if re.search(r"\d", line)]
+        return states_of_rows(rows, *mask.shape, block_q, block_k)
+
+    refused("11-tile-states", printed, tmp_path, monkeypatch, because="torch.Tensor.__repr__")
+
+    def formatted(mask, block_q, block_k):  # the same through format() / an f-string
+        rows = [[c == "1" for c in f"{row.int()}" if c in "01"] for row in mask]
+        return states_of_rows(rows, *mask.shape, block_q, block_k)
+
+    refused("11-tile-states", formatted, tmp_path, monkeypatch, because="torch.Tensor.__format__")
     refuses_breakers("11-tile-states", tmp_path, monkeypatch, because="not the way")
 
 

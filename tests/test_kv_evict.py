@@ -83,3 +83,27 @@ def test_greedy_h2o_is_not_the_one_shot_variant_and_a_large_budget_loses_nothing
         decode_eval(model, tokens, p, "h2o", budget=3, recent=4)
     with pytest.raises(ValueError):
         decode_eval(model, tokens, tokens.shape[1] - 1, "h2o", budget=6)
+
+
+def test_free_running_feeds_back_the_models_own_greedy_tokens():
+    """free_running against a greedy decode by hand: at every step, the token-by-token decode above on the tokens
+    decoded so far, its argmax appended; and it must differ from the teacher-forced score where a step goes wrong."""
+    from attncourse.kv_evict import free_running
+    model = planted_induction_model(16, 12, generator=torch.Generator().manual_seed(3), noise=0.5)
+    tokens, p = retrieval_batch(torch.Generator().manual_seed(4), 3, 12, 16, question=3, answer=6)
+    seq = tokens.clone()
+    for s in range(p, tokens.shape[1] - 1):
+        seq[:, s + 1] = decode_by_hand(model, seq, p, 10, 4, "h2o")[:, s].argmax(-1)
+    got = free_running(lambda x: decode_eval(model, x, p, "h2o", budget=10, recent=4), tokens, p)
+    assert torch.equal(got["tokens"], seq) and torch.equal(got["tokens"][:, :p + 1], tokens[:, :p + 1])
+    hits = (seq[:, p + 1:] == tokens[:, p + 1:]).double()
+    assert got["accuracy"] == hits.mean().item() and got["per_step"] == hits.mean(0).tolist()
+    forced = decode_eval(model, tokens, p, "h2o", budget=10, recent=4)
+    assert not torch.equal(forced["logits"][:, p:-1].argmax(-1), seq[:, p + 1:])  # a wrong token fed back matters
+    assert got["accuracy"] < forced["accuracy"]  # here it costs the copy a step teacher forcing scored right
+    plain = tokens.clone()  # with nothing evicted: plain greedy generation from the model's own forward
+    for s in range(p, tokens.shape[1] - 1):
+        plain[:, s + 1] = model(plain)[:, s].argmax(-1)
+    assert torch.equal(free_running(lambda x: compressed_eval(model, x, p, "full"), tokens, p)["tokens"], plain)
+    with pytest.raises(ValueError):
+        free_running(lambda x: compressed_eval(model, x, p, "full"), tokens, tokens.shape[1] - 1)

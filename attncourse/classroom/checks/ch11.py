@@ -67,9 +67,12 @@ def _no_loop_over_tiles(runs) -> str | None:
     return None
 
 
-# The mask's bytes reached without a read-out the trace counts: its address (for ctypes) or its pickle.
+# The mask's elements reached without a read-out the trace counts: its address (for ctypes), its pickle or saved
+# file, its text (repr, str, format and print all go through torch._tensor_str), or NumPy's view of it (.numpy(),
+# np.asarray through __array__, from_dlpack). Printing a tensor inside the answer is refused with them.
 READ_AROUND = ("torch.Tensor.data_ptr", "torch.UntypedStorage.data_ptr", "torch.Tensor.__reduce_ex__",
-               "ctypes.string_at", "ctypes.cast")
+               "ctypes.string_at", "ctypes.cast", "torch.save", "torch._tensor_str._str", "torch.Tensor.__repr__",
+               "torch.Tensor.__format__", "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__")
 
 
 def _flex_callables() -> tuple[str, ...]:
@@ -275,7 +278,8 @@ def _page_by_page(runs) -> str | None:
           prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence, "
                    "nor more than two pages' keys for every head",
           breakers=(_breaker_paged_alibi,),
-          bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index"),
+          bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index",
+                     "holds positions", "table holds"),
           hint="the first tests use block tables of one particular kind; build a pool the way a server fills one "
                "(the lesson decoded several sequences round-robin), test a sequence from it against dense attention "
                "over its keys, and look at which inputs the step's bias depends on")
