@@ -12,7 +12,7 @@ from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
 from . import Case, exercise
 from .kv_copies import (_breaker_broadcast_matmul, _breaker_expand_reshape, _breaker_index_select,
-                        _breaker_per_head_copies, _breaker_repeat_interleave, _no_kv_copy)
+                        _breaker_per_head_copies, _breaker_per_head_loop, _breaker_repeat_interleave, _no_kv_copy)
 from .predictions import NOT_RIGHT
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
@@ -67,11 +67,12 @@ def _shortcut_course_module(q, k, v):  # the course's MultiHeadAttention's own a
           allow=(), ops=("attention",),
           shortcuts=(_shortcut_sdpa_gqa, _shortcut_grouped, _shortcut_aten_math, _shortcut_course_module),
           prop=_no_kv_copy,
-          prop_doc="K and V are read where they are: no tensor of G times their size is built or handed to an "
-                   "operator (repeat_interleave, expand + reshape, index_select, a broadcasting matmul, a copy per "
-                   "query head), seen in the trace",
+          prop_doc="K and V are read where they are, once per KV head: no tensor of G times their size is built or "
+                   "handed to an operator (repeat_interleave, expand + reshape, index_select, a broadcasting matmul, a "
+                   "copy per query head), and the matmuls together read K and V once, not once per query head (a loop "
+                   "over query heads on views), seen in the trace",
           breakers=(_breaker_repeat_interleave, _breaker_expand_reshape, _breaker_index_select,
-                    _breaker_broadcast_matmul, _breaker_per_head_copies),
+                    _breaker_broadcast_matmul, _breaker_per_head_copies, _breaker_per_head_loop),
           hint="which KV head does query head h read, and where does query i sit among the S positions when "
                "the T queries are the newest ones? The keys after a query's own position must get no weight. "
                "Let the query heads of one group share their KV head inside one matmul rather than giving each "
