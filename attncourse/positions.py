@@ -270,15 +270,14 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: 
     if inv_freq.shape != (d // 2,):
         raise ValueError(f"inv_freq must be (D/2,) = ({d // 2},) for x of shape {tuple(x.shape)}, "
                          f"got {tuple(inv_freq.shape)}")
+    if interleaved:  # pairs (2i, 2i+1): the halves layout on permuted dims, permuted back (one layout, two orders)
+        perm = rope_permutation(d).to(x.device)  # (D,): pairs layout -> halves layout
+        return apply_rope(x[..., perm], positions, inv_freq=inv_freq)[..., torch.argsort(perm)]
     angle = positions.to(x.device, cdt)[..., None] * inv_freq.to(x.device, cdt)  # (..., T, 1) * (D/2,) -> (..., T, D/2)
     cos, sin = angle.cos(), angle.sin()
     xc = x.to(cdt)
-    if interleaved:
-        a, b = xc[..., 0::2], xc[..., 1::2]  # (..., T, D/2) each: dims 2i and 2i+1
-        out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
-    else:
-        a, b = xc[..., : d // 2], xc[..., d // 2:]  # (..., T, D/2) each: dims i and i + D/2
-        out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)  # (..., T, D)
+    a, b = xc[..., : d // 2], xc[..., d // 2:]  # (..., T, D/2) each: dims i and i + D/2
+    out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)  # (..., T, D)
     return out.to(x.dtype)
 
 

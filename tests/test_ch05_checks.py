@@ -75,7 +75,7 @@ def gqa_cat_copy(q, k, v):  # K and V tiled with cat, then reordered: a copy by 
     return torch.softmax(s, -1) @ v
 
 
-def gqa_one_head_at_a_time(q, k, v):  # no copy at all: each query head reads its KV head where it is
+def gqa_one_head_at_a_time(q, k, v):  # no copy, but each KV head read once per query head of its group (cold review 9)
     B, H, T, D = q.shape
     G = H // k.shape[1]
     outs = []
@@ -90,7 +90,8 @@ def test_grouped_attention_refuses_every_copy_of_k_and_v(tmp_path, monkeypatch):
     for route in (gqa_review_copy, gqa_cat_copy, *map(as_learner, checks.get("05-grouped-attention").breakers)):
         msg = refused("05-grouped-attention", route, tmp_path, monkeypatch, called=False)
         assert "not the way this exercise asks" in msg, msg
-    assert graded("05-grouped-attention", gqa_one_head_at_a_time, tmp_path, monkeypatch) == "passed"
+    msg = refused("05-grouped-attention", gqa_one_head_at_a_time, tmp_path, monkeypatch, called=False)
+    assert "read" in msg and "once per query head" in msg, msg
 
 
 # ----------------------------------------------------------------------------- 2. and 3. find the bug

@@ -246,6 +246,7 @@ def test_predict_bias_is_a_rule(tmp_path, monkeypatch):
     for case in ex.make_cases():  # the reference is the lesson's softmax of the lesson's bias
         h, hd, q, k = case.args
         assert math.isclose(case.expected, predicted_weight(h, hd, q, k), rel_tol=1e-5)
+    assert max(c.args[2] for c in ex.make_cases()) >= 10 ** 9  # a row no softmax key by key gets through
 
     def package(n_heads, head, query, key):
         return torch.softmax(alibi_bias(n_heads, query + 1)[head, query], -1)[key].item()

@@ -12,7 +12,7 @@ from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
 from . import Case, exercise
 from .kv_copies import (_breaker_broadcast_matmul, _breaker_expand_reshape, _breaker_index_select,
-                        _breaker_per_head_copies, _breaker_repeat_interleave, _no_kv_copy)
+                        _breaker_per_head_copies, _breaker_per_head_loop, _breaker_repeat_interleave, _no_kv_copy)
 from .predictions import NOT_RIGHT
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
@@ -67,11 +67,12 @@ def _shortcut_course_module(q, k, v):  # the course's MultiHeadAttention's own a
           allow=(), ops=("attention",),
           shortcuts=(_shortcut_sdpa_gqa, _shortcut_grouped, _shortcut_aten_math, _shortcut_course_module),
           prop=_no_kv_copy,
-          prop_doc="K and V are read where they are: no tensor of G times their size is built or handed to an "
-                   "operator (repeat_interleave, expand + reshape, index_select, a broadcasting matmul, a copy per "
-                   "query head), seen in the trace",
+          prop_doc="K and V are read where they are, once per KV head: no tensor of G times their size is built or "
+                   "handed to an operator (repeat_interleave, expand + reshape, index_select, a broadcasting matmul, a "
+                   "copy per query head), and the matmuls together read K and V once, not once per query head (a loop "
+                   "over query heads on views), seen in the trace",
           breakers=(_breaker_repeat_interleave, _breaker_expand_reshape, _breaker_index_select,
-                    _breaker_broadcast_matmul, _breaker_per_head_copies),
+                    _breaker_broadcast_matmul, _breaker_per_head_copies, _breaker_per_head_loop),
           hint="which KV head does query head h read, and where does query i sit among the S positions when "
                "the T queries are the newest ones? The keys after a query's own position must get no weight. "
                "Let the query heads of one group share their KV head inside one matmul rather than giving each "
@@ -253,9 +254,9 @@ def notes_row_reference(d_model, n_heads, n_kv_heads, seq_len):
           parts=("K and V projection parameters", "one layer's float16 KV cache in MiB"),
           forbid=_SIZE_HELPERS + ("attncourse.mha.MultiHeadAttention",), allow=(), ops=("torch",),
           prop_doc=_RULE_DOC,
-          hint="the K and V projections each map d_model to the total width of the KV heads (no bias), and a head is "
-               "d_model / n_heads wide; one layer's cache holds a key and a value per KV head for every token, in "
-               "float16; a MiB is 2 to the 20th bytes")
+          hint="write down the shape of each projection's weight matrix (what goes in, what comes out, for how many "
+               "heads of which width), then what one layer must keep of each token so that a later query can attend "
+               "to it; check your rule on the MHA row before the others")
 def _notes_table():
     """The notes' table as a rule: (K and V projection parameters, one layer's float16 KV cache in MiB) for one
     sequence, as a function of (d_model, n_heads, n_kv_heads, seq_len)."""
@@ -319,9 +320,8 @@ MLA_MODELS = (("DeepSeek-V2, one 32k-token sequence, fp8", (60, 128, 512, 128, 6
           forbid=_SIZE_HELPERS + ("attncourse.mla.mla_as_mha_cache_bytes", "attncourse.mla.MultiHeadLatentAttention",
                                  "attncourse.mla.MLACache"),
           allow=(), ops=("torch",), prop_doc=_RULE_DOC,
-          hint="an MLA layer caches one latent and one small position key per token, shared by all heads; the same "
-               "layer as MHA would cache, per head, a key as wide as the query-key part with and without rotation and "
-               "a value of v_head_dim; one element is bytes_per_element bytes")
+          hint="for each of the two caches ask what a later decoding step needs of an earlier token, and whether "
+               "that is per head or shared by every head; then decide which arguments cannot enter")
 def _predict_mla():
     """Predict (MLA cache bytes, the same layers' MHA cache bytes) as a rule of (n_layers, n_heads, kv_lora_rank,
     qk_nope_head_dim, qk_rope_head_dim, v_head_dim, seq_len, bytes_per_element)."""

@@ -127,7 +127,8 @@ def _close_whole(got, expected) -> str | None:
                    "the three weights the exercise names and on weights drawn from a seed (head counts that are not "
                    "powers of two among them; the grader draws others), with no tensor operator and no course code "
                    "allowed: the package's slopes and bias, the checker's reference and a table of the three named "
-                   "weights cannot stand in for it",
+                   "weights cannot stand in for it. One drawn query is a billion tokens in, so a softmax of the bias "
+                   "row computed key by key in plain Python (a measurement, not a rule) cannot finish",
           hint="the weights of one row come from the biases of that row alone, and those biases are the slope "
                "times a whole number of steps back: how does the weight of a key compare with the weight of the key "
                "one step closer, and what must the weights of a row add up to?")
@@ -144,9 +145,22 @@ def _predict():
         head = pick(closest, n_heads - 1) if k < 2 else pick(0, n_heads - 1)  # two past the closest power of two
         query = pick(1, 40)
         configs.append((n_heads, head, query, pick(max(0, query - 8), query)))  # keys near the query: weights > 1e-7
-    return [Case(f"{'drawn: ' if i >= 3 else ''}{h} heads: head {hd}, query {q}, key {k}", (h, hd, q, k),
-                 expected=weight_entry_reference(h, hd, q, k), compare=_close_whole)
-            for i, (h, hd, q, k) in enumerate(configs)]
+    def by_series(h, hd, q, k):  # the same weight without the row: a geometric series, in local names only
+        r = math.exp(-float(alibi_slopes(h)[hd]))
+        return r ** (q - k) * (1 - r) / (1 - r ** (q + 1))
+
+    cases = []
+    for i, (h, hd, q, k) in enumerate(configs):
+        expected = weight_entry_reference(h, hd, q, k)
+        assert math.isclose(expected, by_series(h, hd, q, k), rel_tol=1e-6), (h, hd, q, k)
+        cases.append(Case(f"{'drawn: ' if i >= 3 else ''}{h} heads: head {hd}, query {q}, key {k}", (h, hd, q, k),
+                          expected=expected, compare=_close_whole))
+    n_heads = pick(3, 40)  # a query a billion tokens in: no row can be built or summed key by key, a rule still works
+    head, query = pick(0, n_heads - 1), pick(10 ** 9, 2 * 10 ** 9)
+    key = query - pick(0, 6)
+    cases.append(Case(f"drawn: {n_heads} heads: head {head}, query {query:,}, key {key:,}", (n_heads, head, query, key),
+                      expected=by_series(n_heads, head, query, key), compare=_close_whole))
+    return cases
 
 
 def _shortcut_rope_pairs(x, positions, base):

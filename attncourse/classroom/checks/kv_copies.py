@@ -1,5 +1,6 @@
 """The property of exercise 05-grouped-attention (attncourse/classroom/checks/ch05.py): K and V are read where they
-are, never copied for the query heads, judged from the operators the answer ran; and the answers that break it."""
+are, never copied for the query heads and read once per KV head, judged from the operators the answer ran; and the
+answers that break it."""
 
 from __future__ import annotations
 
@@ -58,7 +59,28 @@ def _no_kv_copy(runs) -> str | None:
                     f"{touched / (k.numel() + v.numel()):.3g} times the keys and values: K or V was copied for "
                     "the query heads (one head at a time counts too). Each KV head should serve its group of "
                     "query heads where it is")
+        read = _kv_read_by_matmuls(run, t, s, d)
+        if read is not None and read > 1.5 * (k.numel() + v.numel()):
+            return (f"case {run.case.name!r}: the matmuls read {read / (k.numel() + v.numel()):.3g} times the keys "
+                    "and values: each KV head was read once per query head of its group (a loop over the query "
+                    "heads does this without any copy). Read each KV head once, for all its query heads together, "
+                    "which is what makes grouped attention cheaper to decode")
     return None
+
+
+def _kv_read_by_matmuls(run, t: int, s: int, d: int) -> int | None:
+    """Elements of K- or V-shaped operands ((..., S, D) or (..., D, S)) the answer's matmuls received, the queries
+    (input 0) excepted; None where that shape is ambiguous (T equal to S or to D)."""
+    if t in (s, d):
+        return None
+    read = 0
+    for name, _launch, _helper, tensors in run.trace["ops"]:
+        if _op_name(name) not in _MATMUL_OPS:
+            continue
+        for label, _offset, shape, _stride in tensors:
+            if label != "arg0" and len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s)):
+                read += _numel(shape)
+    return read
 
 
 def _breaker_repeat_interleave(q, k, v):
@@ -109,4 +131,16 @@ def _breaker_per_head_copies(q, k, v):
         w = torch.softmax((q[:, head] @ kh.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
             ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2]), float("-inf")), -1)
         outs.append(w @ vh)
+    return torch.stack(outs, 1)
+
+
+def _breaker_per_head_loop(q, k, v):
+    """One query head at a time, each reading its KV head in place (views only, no copy): K and V are read G times."""
+    g = q.shape[1] // k.shape[1]
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    outs = []
+    for head in range(q.shape[1]):
+        w = torch.softmax((q[:, head] @ k[:, head // g].transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+            ~keep, float("-inf")), -1)
+        outs.append(w @ v[:, head // g])
     return torch.stack(outs, 1)

@@ -73,3 +73,12 @@ def _kind(x: Any) -> str:
     if isinstance(x, (tuple, list, dict)):
         return f"a {type(x).__name__} of {len(x)} items"
     return f"a {type(x).__name__}"
+
+
+# Python's random draws, for a prediction that must be a rule rather than a simulation on drawn weights (``forbid=``).
+RANDOM_DRAWS = tuple(f"random.{n}" for n in ("Random", "random", "gauss", "normalvariate", "uniform", "randint",
+                                             "randrange", "choice", "choices", "sample", "shuffle", "getrandbits",
+                                             "seed"))
+RANDOM_DRAWS += tuple(f"random.Random.{n}" for n in ("random", "gauss", "normalvariate", "uniform", "randint",
+                                                     "randrange", "choice", "choices", "sample", "shuffle",
+                                                     "getrandbits", "seed"))
