@@ -370,3 +370,29 @@ def test_sink_logit_exercise(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed):
         checks.check("12-sink-logit", no_sink)
+
+
+def test_cold_review_9_patchify_routes(tmp_path, monkeypatch):
+    """Review 9: im2col under two more names passed 12-patchify: a convolution whose one-hot kernels copy each
+    patch's pixels into channels, and Tensor.unfold twice (sliding windows of stride p). Both refused."""
+    def conv_one_hot(images, p):
+        import torch.nn.functional as F
+        c = images.shape[1]
+        kernels = torch.eye(c * p * p).view(c * p * p, c, p, p)
+        return F.conv2d(images, kernels, stride=p).flatten(2).transpose(1, 2)
+
+    refused("12-patchify", conv_one_hot, tmp_path, monkeypatch, because="conv")
+
+    def op_conv(images, p):  # the operator under another spelling
+        c = images.shape[1]
+        kernels = torch.eye(c * p * p).view(c * p * p, c, p, p)
+        out = torch.ops.aten.convolution(images, kernels, None, [p, p], [0, 0], [1, 1], False, [0, 0], 1)
+        return out.flatten(2).transpose(1, 2)
+
+    refused("12-patchify", op_conv, tmp_path, monkeypatch, because="convolution")
+
+    def tensor_unfold(images, p):
+        b, c = images.shape[:2]
+        return images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(b, -1, c * p * p)
+
+    refused("12-patchify", tensor_unfold, tmp_path, monkeypatch, because="unfold")

@@ -274,8 +274,13 @@ def _shortcut_pixel_unshuffle(images, p):
 
 @exercise("12-patchify", "my_patchify", points=2, category="implement",
           forbid=("attncourse.patchify", "attncourse.vit.patchify", "torch.nn.functional.unfold",
-                  "torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle", "torch.nn.PixelUnshuffle"),
-          allow=(), ops=("aten::im2col", "aten::col2im", "aten::pixel_unshuffle", "aten::pixel_shuffle"),
+                  "torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle", "torch.nn.PixelUnshuffle",
+                  "torch.Tensor.unfold", "torch.nn.functional.conv2d", "torch.conv2d", "torch.nn.Conv2d"),
+          # im2col under other names: Tensor.unfold's sliding windows, a convolution with one-hot kernels (review 9)
+          allow=(), ops=("aten::im2col", "aten::col2im", "aten::pixel_unshuffle", "aten::pixel_shuffle", "aten::unfold",
+                         "aten::unfold_copy", "aten::convolution", "aten::conv2d", "aten::conv1d", "aten::conv3d",
+                         "aten::mkldnn_convolution", "aten::slow_conv2d_forward", "aten::thnn_conv2d",
+                         "aten::convolution_overrideable", "aten::conv_transpose2d", "aten::conv_tbc"),
           prop=_no_loop_over(lambda run: (run.case.args[0].shape[-2] // run.case.args[1])
                              * (run.case.args[0].shape[-1] // run.case.args[1]), "patches"),
           prop_doc="no Python loop over patches: the operation count does not grow with the number of patches",
