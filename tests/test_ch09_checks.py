@@ -118,6 +118,59 @@ def test_tile_backward_autograd_engine_refused(tmp_path, monkeypatch):
     assert "called" in msg, msg
 
 
+def _surrogate(q, k, v, out, lse, d_out, scale):
+    p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
+    return (d_out * (p @ v)).sum(-1).sum(-1) - ((d_out * out).sum(-1, keepdim=True) * p).sum(-1).sum(-1)
+
+
+def finite_differences(q, k, v, out, lse, d_out, scale, eps=1e-6):  # review 9 (t8.py): passed the check cell
+    grads = []
+    for which, x in enumerate((q, k, v)):
+        g = torch.zeros(x.numel(), dtype=x.dtype)
+        for i in range(x.numel()):
+            step = torch.zeros(x.numel(), dtype=x.dtype)
+            step[i] = eps
+            args = [q, k, v]
+            args[which] = x + step.view_as(x)
+            up = _surrogate(*args, out, lse, d_out, scale).sum()
+            args[which] = x - step.view_as(x)
+            g[i] = (up - _surrogate(*args, out, lse, d_out, scale).sum()) / (2 * eps)
+        grads.append(g.view_as(x))
+    return tuple(grads)
+
+
+def stacked_finite_differences(q, k, v, out, lse, d_out, scale, eps=1e-6):  # every perturbation in one tensor
+    grads = []
+    for which, x in enumerate((q, k, v)):
+        steps = (torch.eye(x.numel(), dtype=x.dtype) * eps).view(x.numel(), *x.shape)  # (n, *x.shape)
+        args = [q.expand(x.numel(), *q.shape), k.expand(x.numel(), *k.shape), v.expand(x.numel(), *v.shape)]
+        up, down = list(args), list(args)
+        up[which], down[which] = args[which] + steps, args[which] - steps
+        diff = _surrogate(*up, out, lse, d_out, scale) - _surrogate(*down, out, lse, d_out, scale)
+        grads.append((diff.reshape(x.numel(), -1).sum(-1) / (2 * eps)).view_as(x))
+    return tuple(grads)
+
+
+def test_tile_backward_finite_differences_refused_in_check_and_grader(tmp_path, monkeypatch):
+    case = checks.get("09-tile-backward").make_cases()[1]
+    for route in (finite_differences, stacked_finite_differences):
+        for got, want in zip(route(*case.args), case.expected):  # right to 1e-6: only the guard tells them apart
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    msg, graded = refused("09-tile-backward", stacked_finite_differences, tmp_path, monkeypatch)
+    assert "chain rule" in msg and "chain rule" in graded, (msg, graded)
+    # the loop over entries is judged on one small block (the full cases trace thousands of operators: minutes)
+    from attncourse.classroom.checks import Case, evaluate_run
+    from attncourse.classroom.checks.ch09 import _no_numeric_differentiation
+
+    ex = checks.get("09-tile-backward")
+    q, k, v, out, lse, d_out, scale = case.args
+    small = Case("small", (q[:, :3, :4], k[:, :2, :4], v[:, :2, :3], out[:, :3, :3], lse[:, :3], d_out[:, :3, :3],
+                           scale))
+    assert _no_numeric_differentiation([evaluate_run(ex, as_learner(tile_backward), small)]) is None
+    msg = _no_numeric_differentiation([evaluate_run(ex, as_learner(finite_differences), small)])
+    assert msg and "chain rule" in msg, msg
+
+
 # ----------------------------------------------------------------------------- 2. find the bug: the window
 
 

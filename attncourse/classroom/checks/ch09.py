@@ -15,7 +15,7 @@ import torch
 from attncourse.flash import flash_attention, flash_attention_backward
 from attncourse.flash_io import TrafficCounter
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, exercise, forbidden
 
 HBM_QUESTION = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True, window=None)  # printed
 HBM_QUESTION_WINDOW = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True, window=1000)
@@ -39,6 +39,33 @@ def _shortcut_autograd(q, k, v, out, lse, d_out, scale):
     return torch.autograd.grad(loss, (q, k, v))
 
 
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _no_numeric_differentiation(runs) -> str | None:
+    """The gradients come from the chain rule, not from evaluating the block many times: the operators run stay
+    below twice the number of input entries (finite differences need two evaluations per entry, several operators
+    each), and none takes a tensor larger than 4x the block's largest (perturbations stacked into one tensor)."""
+    for run in runs:
+        q, k, v, _out, _lse, d_out = run.case.args[:6]
+        entries = sum(x.numel() for x in (q, k, v))
+        largest = max(x.numel() for x in (q, k, v, d_out)) + q.shape[:-1].numel() * k.shape[-2]  # + (..., Tq, Bk)
+        ran = sum(n for op, n in run.trace["counts"].items()
+                  if not forbidden.DATA_OPS.match(forbidden.normalise(op)))
+        if ran > 2 * entries:
+            return (f"case '{run.case.name}': your code ran {ran} operators for a block of {entries} input entries: the "
+                    "work grows with the number of entries, as numerical differentiation's does. Derive the "
+                    "gradients with the chain rule through the two products instead")
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            for _label, _offset, shape, _stride in tensors:
+                if _numel(shape) > 4 * largest:
+                    return (f"case '{run.case.name}': an operator ({name}) took a tensor of shape {tuple(shape)}, far "
+                            "larger than anything in the block (one copy per input entry, as stacked numerical "
+                            "differentiation makes). Derive the gradients with the chain rule instead")
+    return None
+
+
 @exercise("09-tile-backward", "tile_backward", points=3, category="implement",
           forbid=("attncourse.flash.flash_attention_backward", "torch.autograd.grad", "torch.Tensor.backward",
                   "torch.autograd.backward", "torch.func.vjp", "torch.func.grad", "torch.func.jacrev",
@@ -50,8 +77,10 @@ def _shortcut_autograd(q, k, v, out, lse, d_out, scale):
                   "torch.softmax", "torch.nn.functional.scaled_dot_product_attention"),
           shortcuts=(_shortcut_tile_backward, _shortcut_autograd), allow=(),
           ops=("softmax", "attention", "logsumexp", "aten::_make_dual", "aten::_unpack_dual"),
+          prop=_no_numeric_differentiation,
           prop_doc="a block's gradients are their numbers: equality on partial blocks, Dv != D and scores x 20 (where "
-                   "P must come from lse) is the property",
+                   "P must come from lse) is the property; and they come from the chain rule: the operator count "
+                   "and the largest tensor do not grow with the number of input entries (no finite differences)",
           title="The backward of one key block, probabilities rebuilt from lse",
           hint="the block holds only some of each row's keys, so the probabilities cannot be normalised inside it: "
                "rebuild them from what the forward saved for the whole row. The softmax's Jacobian needs one number "
