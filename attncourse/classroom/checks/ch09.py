@@ -66,6 +66,22 @@ def _no_numeric_differentiation(runs) -> str | None:
     return None
 
 
+def _breaker_complex_step(q, k, v, out, lse, d_out, scale):
+    """Right to machine precision with no chain rule: the complex-step derivative of the block's surrogate
+    <dO, P V> - <D, rowsum P>, every entry's perturbation stacked on a leading axis."""
+    delta = (d_out * out).sum(-1, keepdim=True)  # (..., Tq, 1)
+    grads = []
+    for which, x in enumerate((q, k, v)):
+        n = x.numel()
+        steps = (torch.eye(n, dtype=torch.complex128) * 1e-30j).view(n, *x.shape)  # (n, *x.shape)
+        args = [t.to(torch.complex128).expand(n, *t.shape) for t in (q, k, v)]
+        args[which] = args[which] + steps
+        p = torch.exp(args[0] @ args[1].transpose(-2, -1) * scale - lse[..., None])  # (n, ..., Tq, Bk)
+        g = (d_out * (p @ args[2])).flatten(1).sum(-1) - (delta * p).flatten(1).sum(-1)  # (n,)
+        grads.append((g.imag / 1e-30).view_as(x))
+    return tuple(grads)
+
+
 @exercise("09-tile-backward", "tile_backward", points=3, category="implement",
           forbid=("attncourse.flash.flash_attention_backward", "torch.autograd.grad", "torch.Tensor.backward",
                   "torch.autograd.backward", "torch.func.vjp", "torch.func.grad", "torch.func.jacrev",
@@ -77,7 +93,7 @@ def _no_numeric_differentiation(runs) -> str | None:
                   "torch.softmax", "torch.nn.functional.scaled_dot_product_attention"),
           shortcuts=(_shortcut_tile_backward, _shortcut_autograd), allow=(),
           ops=("softmax", "attention", "logsumexp", "aten::_make_dual", "aten::_unpack_dual"),
-          prop=_no_numeric_differentiation,
+          prop=_no_numeric_differentiation, breakers=(_breaker_complex_step,),
           prop_doc="a block's gradients are their numbers: equality on partial blocks, Dv != D and scores x 20 (where "
                    "P must come from lse) is the property; and they come from the chain rule: the operator count "
                    "and the largest tensor do not grow with the number of input entries (no finite differences)",
