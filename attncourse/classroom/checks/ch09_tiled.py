@@ -191,9 +191,11 @@ def bf16_study_bands(seeds: tuple[int, ...], shapes: tuple[tuple[int, float], ..
     """The band of legitimate all-bfloat16 errors (ch09.bf16_error_band) for every draw of the same design."""
     bands = []
     for seed in seeds:
-        gen = torch.Generator().manual_seed(seed)
-        bands.append([bf16_error_band(*((scale * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16)
-                                        for _ in range(3))) for t, scale in shapes])
+        gen, row = torch.Generator().manual_seed(seed), []
+        for t, scale in shapes:
+            q, k, v = ((scale * torch.randn(1, 2, t, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))
+            row.append(bf16_error_band(q, k, v))
+        bands.append(row)
     return bands
 
 
