@@ -118,6 +118,59 @@ def test_tile_backward_autograd_engine_refused(tmp_path, monkeypatch):
     assert "called" in msg, msg
 
 
+def _surrogate(q, k, v, out, lse, d_out, scale):
+    p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
+    return (d_out * (p @ v)).sum(-1).sum(-1) - ((d_out * out).sum(-1, keepdim=True) * p).sum(-1).sum(-1)
+
+
+def finite_differences(q, k, v, out, lse, d_out, scale, eps=1e-6):  # review 9 (t8.py): passed the check cell
+    grads = []
+    for which, x in enumerate((q, k, v)):
+        g = torch.zeros(x.numel(), dtype=x.dtype)
+        for i in range(x.numel()):
+            step = torch.zeros(x.numel(), dtype=x.dtype)
+            step[i] = eps
+            args = [q, k, v]
+            args[which] = x + step.view_as(x)
+            up = _surrogate(*args, out, lse, d_out, scale).sum()
+            args[which] = x - step.view_as(x)
+            g[i] = (up - _surrogate(*args, out, lse, d_out, scale).sum()) / (2 * eps)
+        grads.append(g.view_as(x))
+    return tuple(grads)
+
+
+def stacked_finite_differences(q, k, v, out, lse, d_out, scale, eps=1e-6):  # every perturbation in one tensor
+    grads = []
+    for which, x in enumerate((q, k, v)):
+        steps = (torch.eye(x.numel(), dtype=x.dtype) * eps).view(x.numel(), *x.shape)  # (n, *x.shape)
+        args = [q.expand(x.numel(), *q.shape), k.expand(x.numel(), *k.shape), v.expand(x.numel(), *v.shape)]
+        up, down = list(args), list(args)
+        up[which], down[which] = args[which] + steps, args[which] - steps
+        diff = _surrogate(*up, out, lse, d_out, scale) - _surrogate(*down, out, lse, d_out, scale)
+        grads.append((diff.reshape(x.numel(), -1).sum(-1) / (2 * eps)).view_as(x))
+    return tuple(grads)
+
+
+def test_tile_backward_finite_differences_refused_in_check_and_grader(tmp_path, monkeypatch):
+    case = checks.get("09-tile-backward").make_cases()[1]
+    for route in (finite_differences, stacked_finite_differences):
+        for got, want in zip(route(*case.args), case.expected):  # right to 1e-6: only the guard tells them apart
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    msg, graded = refused("09-tile-backward", stacked_finite_differences, tmp_path, monkeypatch)
+    assert "chain rule" in msg and "chain rule" in graded, (msg, graded)
+    # the loop over entries is judged on one small block (the full cases trace thousands of operators: minutes)
+    from attncourse.classroom.checks import Case, evaluate_run
+    from attncourse.classroom.checks.ch09 import _no_numeric_differentiation
+
+    ex = checks.get("09-tile-backward")
+    q, k, v, out, lse, d_out, scale = case.args
+    small = Case("small", (q[:, :3, :4], k[:, :2, :4], v[:, :2, :3], out[:, :3, :3], lse[:, :3], d_out[:, :3, :3],
+                           scale))
+    assert _no_numeric_differentiation([evaluate_run(ex, as_learner(tile_backward), small)]) is None
+    msg = _no_numeric_differentiation([evaluate_run(ex, as_learner(finite_differences), small)])
+    assert msg and "chain rule" in msg, msg
+
+
 # ----------------------------------------------------------------------------- 2. find the bug: the window
 
 
@@ -397,14 +450,54 @@ def test_bf16_error_reference_constants_and_confounds_refused(tmp_path, monkeypa
     accepted("09-bf16-error", _bf16_measured, tmp_path, monkeypatch)
     assert "called" in failure("09-bf16-error", bf16_errors)
     cases = checks.get("09-bf16-error").make_cases()
-    mean = [sum(c.expected[i] for c in cases) / len(cases) for i in range(3)]
+    mean = [sum(c.expected[0][i] for c in cases) / len(cases) for i in range(3)]
     failure("09-bf16-error", lambda q, k, v: tuple(mean))  # constants read off the reference
-    by_len = {c.args[0].shape[-2]: c.expected for c in cases}
+    by_len = {c.args[0].shape[-2]: c.expected[0] for c in cases}
     failure("09-bf16-error", lambda q, k, v: by_len[q.shape[-2]])  # one constant triple per length
     # the untiled method kept in float32 (not rounded like the kernel's output): not the same precision
     failure("09-bf16-error", lambda q, k, v: _bf16_measured(q, k, v, round_once=False))
     # a library attention for the all-bfloat16 method: it computes in float32 inside
     failure("09-bf16-error", lambda q, k, v: _bf16_measured(q, k, v, library_for_bf16=True))
+    # the untiled formula in float32 for the third method too: not bfloat16 at every step
+    failure("09-bf16-error", lambda q, k, v: _bf16_measured(q, k, v)[:2] + _bf16_measured(q, k, v)[1:2])
+
+
+def _all_bf16(q, k, v, spelling):
+    """Three ways to keep every operation's result in bfloat16 (review 9 found them refused by a float32 softmax)."""
+    t, d = q.shape[-2], q.shape[-1]
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    if spelling == "scale on q":
+        s = ((q * (1 / math.sqrt(d))) @ k.mT).masked_fill(future, -math.inf)
+        p = torch.softmax(s, -1)
+        return p @ v
+    s = (q @ k.mT / math.sqrt(d)).masked_fill(future, -math.inf)
+    e = torch.exp(s - s.amax(-1, keepdim=True))  # bfloat16
+    if spelling == "written out":
+        return (e / e.sum(-1, keepdim=True)) @ v
+    return (e @ v) / e.sum(-1, keepdim=True)  # normalised after P V
+
+
+@pytest.mark.parametrize("spelling", ["scale on q", "written out", "normalised after PV"])
+def test_bf16_error_accepts_every_all_bf16_spelling(spelling, tmp_path, monkeypatch):
+    from attncourse.flash import flash_attention
+    from attncourse.sdpa import scaled_dot_product_attention as sdpa
+
+    def measured(q, k, v):
+        exact = sdpa(q.double(), k.double(), v.double(), is_causal=True)
+        first_two = _bf16_measured(q, k, v)[:2]
+        return first_two + (float((_all_bf16(q, k, v, spelling).double() - exact).abs().max()),)
+
+    accepted("09-bf16-error", measured, tmp_path, monkeypatch)
+
+
+def test_bf16_reference_rounds_every_step():
+    from attncourse.classroom.checks.ch09 import _bf16_formula
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = ((2 * torch.randn(1, 1, 64, 32, generator=gen)).to(torch.bfloat16) for _ in range(3))
+    written = _bf16_formula(q, k, v)
+    upcast = _bf16_formula(q.float(), k.float(), v.float(), normalise="torch").to(torch.bfloat16)
+    assert written.dtype == torch.bfloat16 and not torch.equal(written, upcast)  # not float32 rounded once
 
 
 # ----------------------------------------------------------------------------- 5. the tiled forward, keys outside
