@@ -162,9 +162,27 @@ def decode(state, x, n_sink, window, *, fixed):
     return torch.cat(outs, dim=1)
 
 
+def fixed_decode(line_fix, step=None):
+    """The given decode_buggy with its loop line edited, typed in a cell (the edit judge reads its source)."""
+    from attncourse.classroom.checks.ch07 import BUGGY_DECODE
+    from test_edits import cell_function
+
+    source = BUGGY_DECODE.replace("decode_step(mha, x[:, t:t + 1], cache)", line_fix).replace("_buggy(", "_fixed(")
+    ns = {"torch": torch, "MultiHeadAttention": MultiHeadAttention, "SinkWindowCache": SinkWindowCache,
+          "PE": sinusoidal_positions(512, 16), "decode_step": step}
+    return cell_function(source, "decode_fixed", ns)
+
+
 def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
-    accepted("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=True), tmp_path, monkeypatch)
-    checks.check("07-decode-bug", lambda s, x, n, w: decode(s, x, n, w, fixed=True))  # the earlier id still checks
+    accepted("07-find-the-bug-1", fixed_decode("mha(x[:, t:t + 1] + PE[t], kv_cache=cache)"), tmp_path, monkeypatch)
+    accepted("07-find-the-bug-1", fixed_decode("mha(x[:, t:t + 1] + PE[cache.seen], kv_cache=cache)"), tmp_path,
+             monkeypatch)  # the cache's own count of tokens seen: also right
+    # the helper redefined right and the loop untouched: a fix of the given code too
+    step = lambda mha, x_new, cache: mha(x_new + sinusoidal_positions(512, 16)[cache.seen], kv_cache=cache)  # noqa
+    accepted("07-find-the-bug-1", fixed_decode("decode_step(mha, x[:, t:t + 1], cache)", step), tmp_path, monkeypatch)
+    checks.check("07-decode-bug", fixed_decode("mha(x[:, t:t + 1] + PE[t], kv_cache=cache)"))  # the earlier id
+    msg, _ = refused("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=True), tmp_path, monkeypatch)
+    assert "not the way" in msg  # right values written afresh: not an edit of the given decode
     msg = failure("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=False))
     assert "B=" in msg and "called" not in msg
     # the buggy code is right on a stream that never evicts (the first case): only longer streams show it
@@ -173,16 +191,6 @@ def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
     assert x.shape[1] <= n_sink + window
     torch.testing.assert_close(decode(*case.args, fixed=False), case.expected, rtol=1e-4, atol=1e-5)
 
-    def seen_counter(state, x, n_sink, window):  # the cache's own count of tokens seen: also right
-        b, t, d = x.shape
-        mha = MultiHeadAttention(d, 4)
-        mha.load_state_dict(state)
-        cache = SinkWindowCache(b, 4, d // 4, window=window, n_sink=n_sink)
-        pe = sinusoidal_positions(t, d)
-        with torch.no_grad():
-            return torch.cat([mha(x[:, i:i + 1] + pe[cache.seen], kv_cache=cache) for i in range(t)], dim=1)
-
-    accepted("07-find-the-bug-1", seen_counter, tmp_path, monkeypatch)
 
 
 def _keep(t, n_sink, window):

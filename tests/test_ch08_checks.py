@@ -245,13 +245,6 @@ def test_one_pass_log_softmax_forbidden_spellings(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 3. find the bug
 
 
-def merge_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    m = torch.maximum(m_a, m_b)
-    shift = m.masked_fill(torch.isneginf(m), 0.0)
-    w_a, w_b = torch.exp(m_a - shift), torch.exp(m_b - shift)
-    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
-
-
 def test_merge_bug_renamed_and_refuses_the_package(tmp_path, monkeypatch):
     accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
     checks.check("08-merge-bug", merge_fixed)  # the earlier id still checks
@@ -395,17 +388,36 @@ def merge_unguarded(m_a, l_a, acc_a, m_b, l_b, acc_b):  # right weights, but NaN
     return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
 
 
-def merge_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    m = torch.maximum(m_a, m_b)
-    ref = m.masked_fill(torch.isneginf(m), 0.0)
-    w_a, w_b = torch.exp(m_a - ref), torch.exp(m_b - ref)
-    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+def _edited_merge(old, new):
+    """The given merge_partial_buggy with one edit, typed in a cell (the edit judge reads its source)."""
+    from attncourse.classroom.checks.ch08_routes import BUGGY_MERGE
+    from test_edits import cell_function
+
+    assert old in BUGGY_MERGE
+    return cell_function(BUGGY_MERGE.replace(old, new).replace("_buggy(", "_fixed("), "merge_partial_fixed",
+                         {"torch": torch})
+
+
+# the fix: the rescaling alone on acc, l times it on l (8 tokens)
+merge_fixed = _edited_merge("w_a, w_b = l_a * torch.exp(m_a - ref), l_b * torch.exp(m_b - ref)       # (..., Tq) "
+                            "each side's weight\n    return m, w_a + w_b,",
+                            "w_a, w_b = torch.exp(m_a - ref), torch.exp(m_b - ref)\n    return m, w_a * l_a + w_b * l_b,")
 
 
 def test_merge_bug_refused_and_fix_accepted(tmp_path, monkeypatch):
     accepted("08-find-the-bug-1", merge_fixed, tmp_path, monkeypatch)
     for route in (merge_weights_acc_by_its_sum, merge_unguarded):
         refused("08-find-the-bug-1", route, tmp_path, monkeypatch)
+    from test_edits import cell_function
+
+    rewrite = cell_function("def merge_partial_fixed(m_a, l_a, acc_a, m_b, l_b, acc_b):\n"
+                            "    m = torch.maximum(m_a, m_b)\n"
+                            "    shift = m.masked_fill(torch.isneginf(m), 0.0)\n"
+                            "    w_a, w_b = torch.exp(m_a - shift), torch.exp(m_b - shift)\n"
+                            "    return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b\n",
+                            "merge_partial_fixed", {"torch": torch})
+    msg, graded = refused("08-find-the-bug-1", rewrite, tmp_path, monkeypatch)  # right values, written afresh
+    assert "not the way" in msg and ("uses names" in msg or "differs from the given" in msg)
 
 
 # ----------------------------------------------------------------------------- 5b. the study, graded

@@ -248,9 +248,24 @@ def by_hand_softmax(q, k, v, window, block_q, block_k):
     return torch.softmax(s, -1) @ v
 
 
+def window_fixed_by_edit():
+    """The given windowed_attention_buggy with the solution's edit, typed in a cell (the edit judge reads it)."""
+    from attncourse.classroom.checks.ch09 import BUGGY_WINDOW
+    from test_edits import cell_function
+
+    source = (BUGGY_WINDOW.replace("_buggy(", "_fixed(")
+              .replace("p = torch.exp(s - m_new)", "ref = m_new.masked_fill(torch.isinf(m_new), 0.0)\n"
+                                                  "            p = torch.exp(s - ref)")
+              .replace("alpha = torch.exp(m - m_new)", "alpha = torch.exp(m - ref)"))
+    return cell_function(source, "windowed_attention_fixed", {"torch": torch, "math": math})
+
+
 def test_window_bug_right_answer_and_old_id(tmp_path, monkeypatch):
-    accepted("09-find-the-bug-1", windowed, tmp_path, monkeypatch)
-    checks.check("09-window-bug", windowed)  # the earlier id still checks
+    fixed = window_fixed_by_edit()
+    accepted("09-find-the-bug-1", fixed, tmp_path, monkeypatch)
+    checks.check("09-window-bug", fixed)  # the earlier id still checks
+    msg, graded = refused("09-find-the-bug-1", windowed, tmp_path, monkeypatch)  # right, written afresh
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded
     msg = failure("09-find-the-bug-1", buggy)  # the bug itself fails, on the cases the author did not test
     assert "called" not in msg
     q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))

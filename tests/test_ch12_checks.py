@@ -207,8 +207,15 @@ def test_bugs_keep_their_old_ids_and_refuse_the_package(tmp_path, monkeypatch):
         return (torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(d) - math.log(tk)) @ v).transpose(1, 2).reshape(
             b, tq, d_model)
 
-    checks.check("12-find-the-bug-1", fixed)
-    checks.check("12-sigmoid-bug", fixed)
+    from attncourse.classroom.checks.ch12_given import BUGGY_LAMBDA, BUGGY_SIGMOID
+    from test_edits import cell_function
+
+    with pytest.raises(checks.CheckFailed, match="not the way"):  # right values, written afresh
+        checks.check("12-find-the-bug-1", fixed)
+    edited = cell_function(BUGGY_SIGMOID.replace("math.log(tq)", "math.log(tk)").replace("attention(", "attention_fixed("),
+                           "sigmoid_cross_attention_fixed", {"torch": torch, "math": math})
+    checks.check("12-find-the-bug-1", edited)
+    checks.check("12-sigmoid-bug", edited)
 
     def package(x, context, w_q, w_k, w_v, n_heads):
         from attncourse.classroom.checks.ch12 import sigmoid_cross_attention_reference
@@ -219,8 +226,13 @@ def test_bugs_keep_their_old_ids_and_refuse_the_package(tmp_path, monkeypatch):
     def schedule(n):
         return torch.tensor([0.8 - 0.6 * math.exp(-0.3 * i) for i in range(n)], dtype=torch.float64)
 
-    checks.check("12-find-the-bug-2", schedule)
-    checks.check("12-lambda-bug", schedule)
+    with pytest.raises(checks.CheckFailed, match="not the way"):  # right values, written afresh
+        checks.check("12-find-the-bug-2", schedule)
+    for old, new in (("(layer - 1)", "layer"), ("range(n_layers)", "range(1, n_layers + 1)")):
+        edited = cell_function(BUGGY_LAMBDA.replace(old, new).replace("schedule(", "schedule_fixed("),
+                               "lambda_init_schedule_fixed", {"torch": torch, "math": math})
+        checks.check("12-find-the-bug-2", edited)
+    checks.check("12-lambda-bug", edited)
 
     def library(n):
         from attncourse.variants import diff_lambda_init

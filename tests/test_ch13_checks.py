@@ -245,7 +245,14 @@ def _buggy(q, k, v, g, beta, initial_state, chunk_size):  # the notebook's versi
 
 
 def test_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
-    accepted("13-find-the-bug-1", gated_delta_chunked_fixed, tmp_path, monkeypatch)
+    from attncourse.classroom.checks.ch13_breakers import BUGGY_GDN
+    from test_edits import cell_function
+
+    edited = cell_function(BUGGY_GDN.replace("exp()) @ S_end", "exp()) @ S").replace("chunked(", "chunked_fixed("),
+                           "gated_delta_chunked_fixed", {"torch": torch, "math": math})
+    accepted("13-find-the-bug-1", edited, tmp_path, monkeypatch)
+    msg, graded = refused("13-find-the-bug-1", gated_delta_chunked_fixed, tmp_path, monkeypatch)  # not the given code
+    assert "not the way" in msg and "not the way" in graded
     msg = failure("13-find-the-bug-1", _buggy)
     assert "g = 0" not in msg.split("\n")[0] and "zero initial state" not in msg.split("\n")[0], msg
 

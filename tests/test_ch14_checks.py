@@ -128,8 +128,20 @@ def moba_attention_fixed(q, k, v, block_size, top_k):
 
 
 def test_bug_right_answer_and_library_routes(tmp_path, monkeypatch):
-    # the check cell passes the fix (the grader's full points for the solution: test_notebooks)
-    checks.check("14-find-the-bug-1", as_learner(moba_attention_fixed))
+    # the check cell passes the fix typed as an edit of the given code (the grader's full points: test_notebooks)
+    from attncourse.classroom.checks.ch14_breakers import BUGGY_MOBA
+    from test_edits import cell_function
+    from attncourse import AttentionState as State, finalize_attention_state as finish, online_attention_update as upd
+
+    ns = {"torch": torch, "math": math, "AttentionState": State, "finalize_attention_state": finish,
+          "online_attention_update": upd}
+    for old, new in (("set(best.tolist())", "{b for b in best.tolist() if earlier[i, b]}"),
+                     ("min(top_k - 1, nb - 1)", "min(top_k - 1, int(earlier[i].sum()))")):
+        edited = cell_function(BUGGY_MOBA.replace(old, new).replace("attention(", "attention_fixed("),
+                               "moba_attention_fixed", ns)
+        checks.check("14-find-the-bug-1", edited)
+    with pytest.raises(checks.CheckFailed, match="not the way"):  # right values, written afresh
+        checks.check("14-find-the-bug-1", moba_attention_fixed)
     from attncourse.learned_sparse import blocks_to_mask, moba_gate, selected_attention
 
     def package(q, k, v, block, top_k):
@@ -475,7 +487,8 @@ def test_bug_work_follows_the_selection_whatever_the_copies(tmp_path, monkeypatc
     """Loops over laundered copies of K and V, a query or a tile of queries at a time, with no tensor of two long dims:
     refused because the entries their operators take in follow every earlier key, not the selection. A right answer
     laid out differently (each query's selected blocks gathered) passes."""
-    checks.check("14-find-the-bug-1", as_learner(gathered_selection))
+    msg = failure("14-find-the-bug-1", as_learner(gathered_selection))  # passes the reads, then judged as an edit
+    assert "token by token" in msg and "tensor entries" not in msg, msg
     msg, graded = refused("14-find-the-bug-1", per_query_over_copies, tmp_path, monkeypatch)  # check and grader
     assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
     assert "tensor entries" in msg and "T=128" in msg, msg

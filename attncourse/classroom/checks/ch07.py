@@ -11,8 +11,8 @@ from attncourse.kv_cache import KVCache, SinkWindowCache
 from attncourse.masks import attention_sink, causal_bottom_right, materialize, materialize_at, sliding_window
 from attncourse.mha import MultiHeadAttention
 from attncourse.positions import sinusoidal_positions
-from . import Case, exercise
-from .ch07_routes import (_shortcut_cache_mask_tril, _shortcut_cache_mask_aten, _shortcut_cache_mask_numpy, _shortcut_cache_mask_masks, _shortcut_update_kvcache, _shortcut_update_cat, _breaker_update_new_tensors, _breaker_unbounded_cache, _breaker_full_forward, _breaker_recompute_prefix)  # noqa: F401
+from . import Case, edits, exercise
+from .ch07_routes import (_shortcut_cache_mask_tril, _shortcut_cache_mask_aten, _shortcut_cache_mask_numpy, _shortcut_cache_mask_masks, _shortcut_update_kvcache, _shortcut_update_cat, _breaker_update_new_tensors, _breaker_unbounded_cache, _breaker_full_forward, _breaker_recompute_prefix, _breaker_rewrite_decode)  # noqa: F401
 
 _MASK_FUNCTIONS = ("attncourse.masks.causal_bottom_right", "attncourse.masks.sliding_window",
                    "attncourse.masks.attention_sink", "attncourse.masks.materialize",
@@ -216,14 +216,33 @@ def _decode_props(runs) -> str | None:
     return _one_token_per_step(runs) or _bounded_cache(runs)
 
 
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two). Its mistake is
+# in the one-line helper it calls; the fix in decode_fixed is the loop line (or decode_step redefined, with no
+# edit here at all): the trace properties above still judge what then runs.
+BUGGY_DECODE = '''\
+def decode_buggy(state, x, n_sink, window):
+    B, T, d = x.shape
+    mha = MultiHeadAttention(d, 4)
+    mha.load_state_dict(state)
+    cache = SinkWindowCache(B, 4, d // 4, window=window, n_sink=n_sink)
+    with torch.no_grad():
+        return torch.cat([decode_step(mha, x[:, t:t + 1], cache) for t in range(T)], dim=1)
+'''
+FIX_DECODE = edits.SmallEdit(BUGGY_DECODE, most=12, lines=(7,),
+                             names=("PE", "kv_cache", "seen", "sinusoidal_positions"))
+
+
 @exercise("07-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("07-decode-bug",),
           allow=("attncourse.mha.MultiHeadAttention", "attncourse.kv_cache.SinkWindowCache",
                  "attncourse.kv_cache.KVCache", "attncourse.positions.sinusoidal_positions"),
-          ops=("attention",), prop=_decode_props,
-          breakers=(_breaker_full_forward, _breaker_recompute_prefix, _breaker_unbounded_cache),
+          ops=("attention",), prop=edits.prop(FIX_DECODE, "`decode_fixed`", also=_decode_props),
+          breakers=(_breaker_full_forward, _breaker_recompute_prefix, _breaker_unbounded_cache,
+                    _breaker_rewrite_decode),
           prop_doc="a decode step is fed one new token per sequence (every matrix product sees B rows, seen in the "
                    "trace); the cache holds the rest, and never more than n_sink + window positions per head (no "
-                   "key/value tensor in the trace is longer), so memory stays bounded however long the stream",
+                   "key/value tensor in the trace is longer), so memory stays bounded however long the stream; and "
+                   "the diagnosis: the answer is the given decode with a small edit where it goes wrong (a decode "
+                   "written afresh does not show the bug was found)",
           bug_words=("live keys instead", "keys it holds", "keys held", "keys the cache holds",
                      "number of keys in the cache", "stops counting", "stays at n_sink",
                      "frozen position", "position freezes", "position stops", "same position once",

@@ -107,3 +107,15 @@ def _breaker_recompute_prefix(state, x, n_sink, window):
             keep = (j <= i) & ((j < n_sink) | (i - j < window))
             outs.append(mha(x[:, :n] + pe[:n], attn_mask=keep)[:, -1:])
     return torch.cat(outs, dim=1)
+
+
+def _breaker_rewrite_decode(state, x, n_sink, window):
+    """A right decode written from scratch without reading the given code (one token per step, a bounded cache, the
+    absolute position): right output, every property of the trace met, refused as no edit of the given function."""
+    b, t, d = x.shape
+    layer = MultiHeadAttention(d, _HEADS)
+    layer.load_state_dict(state)
+    sink_cache = SinkWindowCache(b, _HEADS, d // _HEADS, window=window, n_sink=n_sink)
+    positions = sinusoidal_positions(t, d)
+    with torch.no_grad():
+        return torch.cat([layer(x[:, i:i + 1] + positions[i], kv_cache=sink_cache) for i in range(t)], dim=1)

@@ -14,8 +14,8 @@ import torch
 
 from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, merge_attention_states,
                                        merge_softmax_states, online_softmax_trace, softmax_state)
-from . import Case, exercise
-from .ch08_routes import (_shortcut_merge_fold, _shortcut_merge_lse, _breaker_merge_pairwise, _shortcut_log_softmax, _shortcut_logsumexp, _breaker_buffer_three_pass, _breaker_rewrite_at_each_chunk, _breaker_buffer_unit_axis, _breaker_buffer_two_pass)  # noqa: F401
+from . import Case, edits, exercise
+from .ch08_routes import (_shortcut_merge_fold, _shortcut_merge_lse, _breaker_merge_pairwise, _shortcut_log_softmax, _shortcut_logsumexp, _breaker_buffer_three_pass, _breaker_rewrite_at_each_chunk, _breaker_buffer_unit_axis, _breaker_buffer_two_pass, FIX_MERGE, _breaker_rewrite_merge)  # noqa: F401
 
 NEG_INF = float("-inf")
 PREDICT_ROW = (2.0, 1.0, 4.0, 4.0, 3.0)  # the row of exercise 4, one entry per step
@@ -236,8 +236,10 @@ def _one_pass_log():
 @exercise("08-find-the-bug-1", "merge_partial_fixed", points=2, category="bug", aliases=("08-merge-bug",),
           forbid=("attncourse.online_softmax.merge_attention_states", "torch.nn.functional.scaled_dot_product_attention"),
           allow=(), ops=("attention", "softmax", "logsumexp"),
-          prop_doc="a merge is elementwise arithmetic on the given states: equality of (m, l, acc) on every row (halves "
-                   "of several keys, one half dominant, rows with no key in a half or in both) is the property",
+          prop=edits.prop(FIX_MERGE, "`merge_partial_fixed`"), trace=False, breakers=(_breaker_rewrite_merge,),
+          prop_doc="the diagnosis: equality of (m, l, acc) on every row (halves of several keys, one half dominant, "
+                   "rows with no key in a half or in both), from the given merge with a small edit where it is wrong "
+                   "(a merge written afresh from the lesson does not show the bug was found)",
           bug_words=("normalised output", "normalized output", "times l_a", "multiplied by l", "multiplies acc by l",
                      "weights acc by l", "extra factor of l", "factor of l", "l counted twice", "counts l twice",
                      "acc by l_a", "acc_a by l_a", "l_a * acc", "l_a*acc", "w_a * l_a", "weighted by l",

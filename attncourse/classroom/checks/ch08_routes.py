@@ -8,7 +8,7 @@ import re
 import torch
 from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, merge_attention_states,
                                        merge_softmax_states, online_softmax_trace, softmax_state)
-from . import Case, exercise
+from . import Case, edits, exercise
 
 NEG_INF = float("-inf")
 
@@ -101,3 +101,23 @@ def _breaker_buffer_two_pass(chunks, chunk_size):
         total = total + torch.exp(c - ref[..., None]).sum(dim=-1)
     lse = (torch.log(total) + ref)[..., None]
     return torch.cat([torch.where(torch.isneginf(lse), torch.full_like(c, NEG_INF), c - lse) for c in kept], dim=-1)
+
+
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_MERGE = '''\
+def merge_partial_buggy(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    # m, l (..., Tq); acc (..., Tq, Dv): the states of two disjoint sets of keys -> the state of both
+    m = torch.maximum(m_a, m_b)                                             # (..., Tq)
+    ref = m.masked_fill(torch.isneginf(m), 0.0)                             # an empty row: shift by 0
+    w_a, w_b = l_a * torch.exp(m_a - ref), l_b * torch.exp(m_b - ref)       # (..., Tq) each side's weight
+    return m, w_a + w_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
+'''
+FIX_MERGE = edits.SmallEdit(BUGGY_MERGE, most=10, lines=(5, 6))
+
+
+def _breaker_rewrite_merge(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    """A right merge written from the lesson's formulas without reading the given code: refused as no edit of it."""
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # an empty row: shift by 0
+    a, b = torch.exp(m_a - safe), torch.exp(m_b - safe)
+    return m, a * l_a + b * l_b, a.unsqueeze(-1) * acc_a + b.unsqueeze(-1) * acc_b

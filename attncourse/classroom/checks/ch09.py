@@ -15,7 +15,7 @@ import torch
 from attncourse.flash import flash_attention, flash_attention_backward
 from attncourse.flash_io import TrafficCounter
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, edits, exercise
 from .ch09_guards import _breaker_complex_step, _no_numeric_differentiation
 
 HBM_QUESTION = dict(seq_len=4096, head_dim=128, block_q=128, block_k=64, is_causal=True, window=None)  # printed
@@ -193,14 +193,70 @@ def _breaker_causal_tiles(q, k, v, window, block_q, block_k):
     return out
 
 
+def _breaker_rewrite_band(q, k, v, window, block_q, block_k):
+    """Band tiles only, the first tile's empty rows handled, written afresh without reading the given code: right
+    values and reads, refused as no edit of the given function."""
+    t, d = q.shape[-2], q.shape[-1]
+    out = torch.empty_like(q)
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        m = q.new_full((*q.shape[:-2], q1 - q0, 1), -math.inf)  # (..., Bq, 1)
+        l = q.new_zeros(*q.shape[:-2], q1 - q0, 1)  # noqa: E741
+        acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])  # (..., Bq, Dv)
+        for k0 in range(max(q0 - window + 1, 0) // block_k * block_k, q1, block_k):
+            k1 = min(k0 + block_k, q1)
+            rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+            s = (q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)).masked_fill(
+                (cols > rows) | (cols <= rows - window), -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p, alpha = torch.exp(s - safe), torch.exp(m - safe)
+            l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k1, :], m_new  # noqa: E741
+        out[..., q0:q1, :] = acc / l
+    return out
+
+
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_WINDOW = '''\
+def windowed_attention_buggy(q, k, v, window, block_q, block_k):
+    # q, k, v (..., T, D); causal with a window: query i sees keys i - window < j <= i
+    t, d = q.shape[-2], q.shape[-1]
+    out = torch.empty_like(q)                                               # (..., T, D)
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        k_lo = max(q0 - window + 1, 0) // block_k * block_k                 # the block holding the block's first key
+        m = q.new_full((*q.shape[:-2], q1 - q0, 1), -math.inf)             # (..., Bq, 1) running max
+        l = q.new_zeros(*q.shape[:-2], q1 - q0, 1)                          # (..., Bq, 1) running sum
+        acc = q.new_zeros(*q.shape[:-2], q1 - q0, v.shape[-1])              # (..., Bq, Dv) unnormalised output
+        for k0 in range(k_lo, q1, block_k):
+            k1 = min(k0 + block_k, q1)
+            s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) / math.sqrt(d)  # (..., Bq, Bk)
+            rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+            s = s.masked_fill((cols > rows) | (cols <= rows - window), -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))              # (..., Bq, 1)
+            p = torch.exp(s - m_new)                                        # (..., Bq, Bk)
+            alpha = torch.exp(m - m_new)                                    # (..., Bq, 1)
+            l = alpha * l + p.sum(-1, keepdim=True)
+            acc = alpha * acc + p @ v[..., k0:k1, :]                        # (..., Bq, Dv)
+            m = m_new
+        out[..., q0:q1, :] = acc / l
+    return out
+'''
+FIX_WINDOW = edits.SmallEdit(BUGGY_WINDOW, most=18, lines=(16, 17, 18),
+                             names=("ref", "isinf", "isneginf", "isfinite", "nan_to_num"))
+
+
 @exercise("09-find-the-bug-1", "windowed_attention_fixed", points=2, category="bug", aliases=("09-window-bug",),
           forbid=("attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "attncourse.online_softmax.online_attention_update"),
-          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_tiles_in_band,
-          breakers=(_breaker_dense, _breaker_causal_tiles),
+          allow=(), ops=("attention", "softmax", "logsumexp"),
+          prop=edits.prop(FIX_WINDOW, "`windowed_attention_fixed`", also=_tiles_in_band),
+          breakers=(_breaker_dense, _breaker_causal_tiles, _breaker_rewrite_band),
           prop_doc="keys and values are read tile by tile, on the block grid the call asks for, only from the tiles "
-                   "the window lets each query block see (every read's rows, from the trace)",
+                   "the window lets each query block see (every read's rows, from the trace); and the diagnosis: the "
+                   "answer is the given function with a small edit where it is wrong (a tiled attention written "
+                   "afresh does not show the bug was found)",
           bug_words=("-inf - -inf", "-inf minus -inf", "inf - inf", "infinity minus infinity", "inf minus inf",
                      "-inf - (-inf)", "fully masked row", "row is fully masked", "rows fully masked",
                      "sees no key in the first", "no key in the first tile", "max is still -inf", "max stays -inf",

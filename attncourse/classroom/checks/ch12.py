@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from attncourse.heads import ablation_effects, induction_scores, planted_induction_model, repeated_tokens
 from attncourse.variants import diff_lambda_init, differential_attention, sigmoid_attention
 from attncourse.vit import patchify
-from . import Case, exercise, forbidden
+from . import Case, edits, exercise, forbidden
+from .ch12_given import FIX_LAMBDA, FIX_SIGMOID, _breaker_rewrite_lambda, _breaker_rewrite_sigmoid
 
 
 def _qkv(gen: torch.Generator, lead: tuple, tq: int, tk: int, d: int, dv: int, n: int = 1) -> list[torch.Tensor]:
@@ -316,9 +317,11 @@ def sigmoid_cross_attention_reference(x, context, w_q, w_k, w_v, n_heads):
 
 @exercise("12-find-the-bug-1", "sigmoid_cross_attention_fixed", points=2, category="bug", aliases=("12-sigmoid-bug",),
           forbid=("attncourse.sigmoid_attention", "attncourse.variants.sigmoid_attention"),
-          allow=(), ops=("attention", "softmax"),
-          prop_doc="the fix is in a closed formula per head: equal outputs with Tq != Tk (a single query over a long "
-                   "context, more queries than keys) are the skill once the package's sigmoid attention is refused",
+          allow=(), ops=("attention", "softmax"), breakers=(_breaker_rewrite_sigmoid,),
+          prop=edits.prop(FIX_SIGMOID, "`sigmoid_cross_attention_fixed`"), trace=False,
+          prop_doc="the diagnosis: equal outputs with Tq != Tk (a single query over a long context, more queries than "
+                   "keys), from the given layer with a small edit where it is wrong (a layer written afresh from the "
+                   "lesson's formula does not show the bug was found)",
           bug_words=("query length", "number of queries", "queries instead of", "query count", "length of x",
                      "x's length", "instead of the context", "instead of the keys", "from the queries",
                      "log t_q", "log of the query", "wrong length", "bias uses"),
@@ -342,14 +345,15 @@ def _sigmoid_bug():
 
 @exercise("12-find-the-bug-2", "lambda_init_schedule_fixed", points=1, category="bug", aliases=("12-lambda-bug",),
           forbid=("attncourse.diff_lambda_init", "attncourse.variants.diff_lambda_init"),
-          allow=(), ops=(),
-          prop_doc="a schedule of numbers is a closed formula per layer: equal values for stacks of 1 to 32 layers "
-                   "are the skill once the package's diff_lambda_init is refused",
+          allow=(), ops=(), breakers=(_breaker_rewrite_lambda,),
+          prop=edits.prop(FIX_LAMBDA, "`lambda_init_schedule_fixed`"), trace=False,
+          prop_doc="the diagnosis: equal values for stacks of 1 to 32 layers, from the given schedule with a small "
+                   "edit where it is wrong (the paper's formula written afresh does not show the bug was found)",
           bug_words=("0-based", "zero-based", "1-based", "one-based", "off by one", "off-by-one", "starts at 0",
                      "starts at zero", "index shift", "exponent zero", "shifted by one",
                      "one layer too"),
           hint="test it where you can work the formula out by hand: a one-layer stack, whose only layer is the "
-               "first; then check what the loop passes in place of l")
+               "first; then follow that layer through the code, next to the paper's formula")
 def _lambda_bug():
     """Fix the lambda_init schedule of a Differential Transformer stack."""
     gen = torch.Generator().manual_seed(127)  # the stack depths are drawn (a salted grader draws others)

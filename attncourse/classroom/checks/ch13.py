@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from attncourse import linear_attention as la
 from attncourse.recall import memory_recall
-from . import Case, exercise
-from .ch13_breakers import (_breaker_chunk_loop, _breaker_gdn_all_chunks_solved_at_once,  # noqa: E402
+from . import Case, edits, exercise
+from .ch13_breakers import (BUGGY_GDN, _breaker_gdn_rewrite, _breaker_chunk_loop, _breaker_gdn_all_chunks_solved_at_once,  # noqa: E402
                             _breaker_gdn_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys,
                             _breaker_token_loop)
 
@@ -266,12 +266,15 @@ def _fixed_in_place(runs) -> str | None:
 
 
 @exercise("13-find-the-bug-1", "gated_delta_chunked_fixed", points=2, category="bug",
-          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"), prop=_fixed_in_place,
-          breakers=(_breaker_gdn_token_loop, _breaker_gdn_all_chunks_solved_at_once),
+          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"),
+          prop=edits.prop(edits.SmallEdit(BUGGY_GDN, most=4, lines=(16,)), "`gated_delta_chunked_fixed`",
+                          also=_fixed_in_place),
+          breakers=(_breaker_gdn_token_loop, _breaker_gdn_all_chunks_solved_at_once, _breaker_gdn_rewrite),
           prop_doc="the given code fixed, still chunkwise: no (T, T) or chunk-against-all-keys tensor in any layout "
                    "(the elements the operators take in grow linearly in T at a fixed chunk size), the operator count "
                    "does not grow with the tokens per chunk, and each chunk's writes are solved in the chunk loop "
-                   "(one triangular solve per chunk at least)",
+                   "(one triangular solve per chunk at least); and the diagnosis: the given function with a small "
+                   "edit where it is wrong (a chunkwise rule written afresh does not show the bug was found)",
           bug_words=("decayed twice", "decays twice", "decay twice", "twice decayed", "applied twice", "double decay",
                      "doubly decayed", "double-decayed", "decayed two times", "from s_end", "with s_end", "uses s_end",
                      "s_end instead", "instead of s_end", "read undecayed", "stale state",

@@ -104,3 +104,50 @@ def _breaker_gdn_all_chunks_solved_at_once(q, k, v, g, beta, initial_state, chun
             (k[:, :, i] * (G[:, :, i, -1:] - G[:, :, i])[..., None].exp()).transpose(-2, -1) @ u
         states.append(S)
     return torch.cat(outs, 2)[:, :, :T], torch.stack(states, 2)
+
+
+# The given function of exercise 2 exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_GDN = '''\
+def gated_delta_chunked(q, k, v, g, beta, initial_state, chunk_size):
+    # q, k (B, H, T, Dk), v (B, H, T, Dv), g and beta (B, H, T), initial_state (B, H, Dk, Dv)
+    # -> o (B, H, T, Dv), states (B, H, n + 1, Dk, Dv): the state before each chunk, then the final one
+    T = q.shape[2]
+    S = initial_state
+    outs, states = [], [S]
+    for a in range(0, T, chunk_size):
+        q_c, k_c, v_c, b_c = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
+        G = g[:, :, a:a + chunk_size].cumsum(-1)                          # (B,H,c) log-decay inside the chunk
+        c = G.shape[-1]
+        lower = torch.ones(c, c, dtype=torch.bool).tril()
+        D = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, -math.inf).exp()   # (B,H,c,c) decay s -> r
+        S_end = S * G[..., -1, None, None].exp()                          # the earlier chunks, at this chunk's end
+        # the writes: (I + A) u = beta (v - what the state already returns for each key), A strictly lower
+        A = (b_c[..., None] * (k_c @ k_c.transpose(-2, -1)) * D).tril(-1)  # (B,H,c,c)
+        predicted = (k_c * G[..., None].exp()) @ S_end                 # (B,H,c,Dk) @ (B,H,Dk,Dv)
+        u = torch.linalg.solve_triangular(torch.eye(c, dtype=q.dtype) + A, b_c[..., None] * (v_c - predicted),
+                                          upper=False, unitriangular=True)  # (B,H,c,Dv)
+        outs.append((q_c * G[..., None].exp()) @ S + ((q_c @ k_c.transpose(-2, -1)) * D) @ u)
+        S = S_end + (k_c * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)                     # (B,H,T,Dv), (B,H,n+1,Dk,Dv)
+'''
+
+
+def _breaker_gdn_rewrite(q, k, v, g, beta, initial_state, chunk_size):
+    """The chunkwise gated delta rule written afresh from the lesson without reading the given code (one triangular
+    solve per chunk, the state carried): right, chunkwise, refused as no edit of the given function."""
+    S, outs, states = initial_state, [], [initial_state]
+    for a in range(0, q.shape[2], chunk_size):
+        qc, kc, vc, bc = (x[:, :, a:a + chunk_size] for x in (q, k, v, beta))
+        G = g[:, :, a:a + chunk_size].cumsum(-1)  # (B, H, c)
+        n = G.shape[-1]
+        keep = torch.ones(n, n, dtype=torch.bool).tril()
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()  # (B, H, c, c)
+        A = (bc[..., None] * (kc @ kc.transpose(-2, -1)) * decay).tril(-1)
+        u = torch.linalg.solve_triangular(torch.eye(n, dtype=q.dtype) + A,
+                                          bc[..., None] * (vc - (kc * G[..., None].exp()) @ S),
+                                          upper=False, unitriangular=True)  # (B, H, c, Dv)
+        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * decay) @ u)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ u
+        states.append(S)
+    return torch.cat(outs, 2), torch.stack(states, 2)

@@ -19,7 +19,7 @@ import torch
 from attncourse.learned_sparse import blocks_to_mask, mean_pool_blocks, moba_gate, selected_work
 from attncourse.online_softmax import AttentionState, finalize_attention_state, online_attention_update
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, exercise
+from . import Case, edits, exercise
 from .ch09 import _NO_READ, _rows
 
 TILES_QUESTION = dict(seq_len=4096, block_size=64, top_k=8)  # the configuration the prediction asks about
@@ -36,7 +36,8 @@ def _op(name: str) -> str:
     return name.split("::")[-1].split(".")[0]
 
 
-from .ch14_breakers import _breaker_dense, _breaker_row_scores, _breaker_token_scores  # noqa: E402
+from .ch14_breakers import (BUGGY_MOBA, _breaker_dense, _breaker_rewrite_moba, _breaker_row_scores,  # noqa: E402
+                            _breaker_token_scores)
 
 # ----------------------------------------------------------------------------- 1. implement MoBA's gate
 
@@ -281,13 +282,18 @@ def _block_loop_reference(q, k, v, block, top_k):
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.flash.flash_attention"),
           allow=("attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.finalize_attention_state",
                  "attncourse.online_softmax.AttentionState"),
-          ops=("attention", "softmax", "logsumexp"), prop=_budgeted_reads,
-          breakers=(_breaker_dense, _breaker_every_block),
+          ops=("attention", "softmax", "logsumexp"),
+          prop=edits.prop(edits.SmallEdit(BUGGY_MOBA, most=14, lines=(13, 14, 15),
+                                          names=("int", "sum", "item", "isfinite", "isinf", "isneginf", "values")),
+                          "`moba_attention_fixed`", also=_budgeted_reads),
+          breakers=(_breaker_dense, _breaker_every_block, _breaker_rewrite_moba),
           prop_doc="keys and values are read block by block, never more rows than the selected blocks hold, the "
                    "products (matrix or elementwise) take in at least the entries of q, k and v, and the "
                    "tensor entries all operators take in (copies of K and V included) stay within 4 times one pass "
                    "over the selected blocks plus the gate (from the trace, on the two cases of 128 tokens in blocks "
-                   "of 4, where the earlier keys of all queries outnumber their selections 10 and 26 times)",
+                   "of 4, where the earlier keys of all queries outnumber their selections 10 and 26 times); and the "
+                   "diagnosis: the given function with a small edit where it is wrong (a MoBA loop written afresh "
+                   "does not show the bug was found)",
           bug_words=("-inf pick", "-inf picks", "fewer earlier blocks", "not enough earlier", "picks later blocks",
                      "later blocks picked", "chooses later blocks", "& past", "&= past", "masked picks",
                      "topk returns masked", "top-k returns masked", "not yet written", "ahead of the query",

@@ -52,3 +52,57 @@ def _breaker_dense(q, k, v, block, top_k):
     m0 = q.new_full((h, t), -math.inf)
     state = online_attention_update(AttentionState(m0, torch.zeros_like(m0), q.new_zeros(h, t, v.shape[-1])), s, v)
     return finalize_attention_state(state)[0]
+
+
+# The given function of the find-the-bug exercise exactly as the exercise notebook shows it (tests/test_edits.py
+# compares the two).
+BUGGY_MOBA = '''\
+def moba_attention(q, k, v, block_size, top_k):
+    # q, k, v (H, T, D): each query attends to its own block (causally) and its top_k - 1 best earlier blocks
+    h, t, d = q.shape
+    nb = -(-t // block_size)
+    means = torch.stack([k[:, i * block_size:(i + 1) * block_size].mean(1) for i in range(nb)], 1)  # (H, nB, D)
+    gate = q @ means.transpose(-2, -1)  # (H, T, nB)
+    own = torch.arange(t) // block_size
+    earlier = torch.arange(nb)[None, :] < own[:, None]  # (T, nB)
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for i in range(t):
+            chosen = {int(own[i])}
+            if top_k > 1 and nb > 1:
+                best = gate[hh, i].masked_fill(~earlier[i], -math.inf).topk(min(top_k - 1, nb - 1)).indices
+                chosen |= set(best.tolist())
+            m0 = q.new_full((1,), -math.inf)
+            state = AttentionState(m0, torch.zeros_like(m0), q.new_zeros(1, v.shape[-1]))
+            for b in sorted(chosen):
+                k0, k1 = b * block_size, min((b + 1) * block_size, t)
+                s = q[hh, i:i + 1] @ k[hh, k0:k1].transpose(-2, -1) / math.sqrt(d)  # (1, Bk)
+                if b == own[i]:
+                    s = s.masked_fill(torch.arange(k0, k1)[None, :] > i, -math.inf)
+                state = online_attention_update(state, s, v[hh, k0:k1])
+            out[hh, i] = finalize_attention_state(state)[0][0]
+    return out
+'''
+
+
+def _breaker_rewrite_moba(q, k, v, block_size, top_k):
+    """MoBA attention written afresh without reading the given code (the top blocks taken among the earlier ones
+    only, block by block through the online softmax): right values and reads, refused as no edit of it."""
+    h, t, d = q.shape
+    nb = -(-t // block_size)
+    means = torch.stack([k[:, j * block_size:(j + 1) * block_size].mean(1) for j in range(nb)], 1)  # (H, nB, D)
+    gate = q @ means.transpose(-2, -1)  # (H, T, nB)
+    out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
+    for hh in range(h):
+        for i in range(t):
+            own = i // block_size
+            picks = gate[hh, i, :own].topk(min(top_k - 1, own)).indices.tolist() if own and top_k > 1 else []
+            state = AttentionState(q.new_full((1,), -math.inf), q.new_zeros(1), q.new_zeros(1, v.shape[-1]))
+            for b in sorted(picks) + [own]:
+                k0, k1 = b * block_size, min((b + 1) * block_size, t)
+                s = q[hh, i:i + 1] @ k[hh, k0:k1].transpose(-2, -1) / math.sqrt(d)  # (1, Bk)
+                if b == own:
+                    s = s.masked_fill(torch.arange(k0, k1)[None, :] > i, -math.inf)
+                state = online_attention_update(state, s, v[hh, k0:k1])
+            out[hh, i] = finalize_attention_state(state)[0][0]
+    return out

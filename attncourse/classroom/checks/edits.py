@@ -145,10 +145,15 @@ def judge(spec: SmallEdit, answer: str, target: str = "your function") -> str | 
     return None
 
 
-def prop(spec: SmallEdit, target: str = "your function") -> Callable[[list], str | None]:
-    """An exercise's ``prop`` judging the answer's source (from the guard's trace) against `spec`."""
+def prop(spec: SmallEdit, target: str = "your function", also: Callable[[list], str | None] | None = None
+         ) -> Callable[[list], str | None]:
+    """An exercise's ``prop`` judging the answer's source (from the guard's trace) against `spec`; `also`: the
+    exercise's own property of the runs, judged first (a trace-reading check keeps it)."""
 
     def small_edit(runs: list) -> str | None:
+        why = also(runs) if also is not None else None
+        if why:
+            return why
         trace = runs[0].trace if runs else None
         source = trace.get("source") if isinstance(trace, dict) else None
         if not isinstance(source, str):
