@@ -46,3 +46,26 @@ def test_stored_default_schedule_is_what_the_recipe_trains(method):
     stored = STORED["runs"][f"{steps}@{lr:g}"][method][0]
     for k in ("accuracy", "recall"):
         assert abs(got[k] - stored[k]) < 0.02, (method, k, got[k], stored[k])
+
+
+BUDGET = json.loads((ROOT / "notebooks" / "results" / "ch14_budget_full.json").read_text())
+
+
+def test_stored_controls_are_what_the_lesson_recipe_trains():
+    """The controls (fixed learning rate; MoBA at NSA-style's entries) match the lesson's recipe, and the cheapest,
+    retrained here for one seed, gives the stored numbers."""
+    nb = nbformat.read(ROOT / "notebooks" / "14_learned_sparse_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_BUDGET =" in c.source)
+    ns = {}
+    exec(cell[cell.index("CONTROLS ="):cell.index("if FULL")], ns)
+    _, task = recipe()
+    assert BUDGET["task"] == task and BUDGET["seeds"] == [0, 1, 2]
+    assert list(BUDGET["runs"]) == [f"{m} {keys} keys, {st} steps, lr {lr:g}" for m, keys, st, lr in ns["CONTROLS"]]
+    for (m, keys, st, lr), run in zip(ns["CONTROLS"], BUDGET["runs"].values()):
+        assert (run["method"], run["budget"], run["steps"], run["lr"]) == (m, keys, st, lr) and len(run["seeds"]) == 3
+    m, keys, st, lr = next(c for c in ns["CONTROLS"] if c[2] == min(c[2] for c in ns["CONTROLS"]))
+    torch.set_num_threads(1)
+    got = train_recall(m, 0, RecallConfig(**{**task, "budget": keys}, steps=st, lr=lr))
+    stored = BUDGET["runs"][f"{m} {keys} keys, {st} steps, lr {lr:g}"]["seeds"][0]
+    for k in ("accuracy", "recall"):
+        assert abs(got[k] - stored[k]) < 0.02, (k, got[k], stored[k])
