@@ -14,8 +14,14 @@ def right(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
 
 
+def fixed(q, k, v):  # the given function of 03-find-the-bug-1 with its one fix
+    inv_scale = q.shape[-1] ** -0.5
+    weights = (inv_scale * q @ k.transpose(-2, -1)).softmax(dim=-1)
+    return weights @ v
+
+
 def test_pass_line(capsys):
-    check("03-batched-attention-bug", right)
+    check("03-batched-attention-bug", fixed)
     assert capsys.readouterr().out.strip() == "✓ 03-find-the-bug-1: all 5 case(s) passed"  # the old id is an alias
 
 

@@ -62,6 +62,13 @@ def test_the_guard_records_a_source_only_when_it_is_the_code_that_runs():
     assert isinstance(forbidden.source_of(len), dict)
 
 
+
+def test_a_cell_that_imports_what_its_function_uses_has_its_source_read():
+    """CPython compiles `math.sqrt(x)` differently when the same text imports `math`: the cell's whole text decides."""
+    cell = "import math\n\n\ndef h(x):\n    return math.sqrt(x) + 1\n"
+    h = cell_function(cell, "h", {})
+    assert forbidden.source_of(h) == "def h(x):\n    return math.sqrt(x) + 1\n"
+
 def _bug_exercises():
     return [ex for ex in checks.registry().values() if edits.needs_source(ex.prop)]
 

@@ -53,6 +53,10 @@ def _key(x):
         return tuple((k, _key(v)) for k, v in sorted(x.items()))
     return repr(x)
 
+# exercises whose expected value carries more than a right answer: the bfloat16 measurements' (reference errors,
+# the band the legitimate orders of operations span for the all-bfloat16 error)
+ANSWER_IN_EXPECTED = {"09-bf16-error": lambda e: e[0], "09-bf16-study": lambda e: e[0]}
+
 
 def test_salted_cases_differ_and_their_expected_values_pass_their_own_comparison():
     """Under a salt, every function exercise's cases are new (except the listed fixed ones), and each case's
@@ -68,7 +72,7 @@ def test_salted_cases_differ_and_their_expected_values_pass_their_own_comparison
                                                                            for c in salted]):
             unchanged.add(exercise_id)
         for case in salted:
-            message = checks.feedback(ex, case.expected, case)
+            message = checks.feedback(ex, ANSWER_IN_EXPECTED.get(exercise_id, lambda e: e)(case.expected), case)
             if message:
                 refused.append((exercise_id, case.name, message[:200]))
     assert not refused
@@ -88,7 +92,7 @@ def _grader(ex, answer, salt, tmp_path, monkeypatch):
     return judge(ex, cases, torch.load(tmp_path / "out.pt", weights_only=True))
 
 
-@pytest.mark.parametrize("exercise_id", ["03-variance-experiment", "08-find-the-bug-1"])
+@pytest.mark.parametrize("exercise_id", ["03-variance-experiment", "06-rope-convert", "11-merge-ranks", "14-moba-gate"])
 def test_a_table_of_the_check_cells_answers_passes_the_cell_but_not_the_grader(exercise_id, tmp_path, monkeypatch):
     """The lookup-table route: top-level code builds the registry's cases (the check cell's, from fixed seeds) and
     the answer looks its input up. The check cell cannot tell; the grader's salted cases can."""
