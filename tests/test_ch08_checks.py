@@ -184,6 +184,57 @@ def buffer_row_by_row_unit_axis(chunks, chunk_size):  # the same, one row at a t
     return torch.stack(outs).reshape(x.shape)
 
 
+def subtract_chunk_by_chunk(chunks, chunk_size):  # review 10: the same one pass, the lse subtracted per kept chunk
+    kept, run_max, run_sum = [], None, None
+    for part in chunks:
+        if run_max is None:
+            run_max = part.new_full(part.shape[:-1], -math.inf)
+            run_sum = part.new_zeros(part.shape[:-1])
+        kept.append(part.clone())
+        new_max = torch.maximum(run_max, part.amax(dim=-1))
+        shift = new_max.masked_fill(torch.isneginf(new_max), 0.0)
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        run_max = new_max
+    lse = (torch.log(run_sum) + run_max.masked_fill(torch.isneginf(run_max), 0.0))[..., None]
+    return torch.cat([torch.where(torch.isneginf(lse), torch.full_like(c, -math.inf), c - lse) for c in kept], -1)
+
+
+def states_per_chunk_folded(chunks, chunk_size):  # a (max, sum) per chunk, merged after the stream by a fold
+    kept, states = [], []
+    for c in chunks:
+        kept.append(c.clone())
+        mc = c.amax(-1)
+        shift = mc.masked_fill(torch.isneginf(mc), 0.0)
+        states.append((mc, torch.exp(c - shift[..., None]).sum(-1)))
+    m, l = states[0]
+    for m_b, l_b in states[1:]:  # elementwise only: no reduction wider than a chunk
+        new = torch.maximum(m, m_b)
+        ref = new.masked_fill(torch.isneginf(new), 0.0)
+        l = l * torch.exp(m - ref) + l_b * torch.exp(m_b - ref)
+        m = new
+    lse = (torch.log(l) + m.masked_fill(torch.isneginf(m), 0.0))[..., None]
+    out = torch.cat(kept, -1)
+    return torch.where(torch.isneginf(lse), torch.full_like(out, -math.inf), out - lse)
+
+
+def test_one_pass_log_softmax_both_finalisations_pass(tmp_path, monkeypatch):
+    """The check tests the fixed-size state kept between chunks, not how many operators apply the finished
+    log-sum-exp: one subtraction per kept chunk passes as one over the concatenation does (review 10)."""
+    x = torch.randn(3, 10, dtype=torch.float64)
+    torch.testing.assert_close(subtract_chunk_by_chunk(iter(x.split(4, -1)), 4), torch.log_softmax(x, -1))
+    accepted("08-one-pass-log-softmax", subtract_chunk_by_chunk, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("route", [buffer_then_loop, states_per_chunk_folded])
+def test_one_pass_log_softmax_second_pass_after_the_stream_refused(route, tmp_path, monkeypatch):
+    """A second pass over what was kept (chunk-wide reductions, or a fold of per-chunk states) is refused for
+    the statistics it computes after the stream."""
+    x = torch.randn(3, 10, dtype=torch.float64)
+    torch.testing.assert_close(route(iter([c.clone() for c in x.split(4, -1)]), 4), torch.log_softmax(x, -1))
+    msg, graded = refused("08-one-pass-log-softmax", route, tmp_path, monkeypatch)
+    assert "normaliser" in msg and "normaliser" in graded, msg
+
+
 def test_one_pass_log_softmax_right_answer_and_the_stream(tmp_path, monkeypatch):
     accepted("08-one-pass-log-softmax", log_softmax_one_pass, tmp_path, monkeypatch)
     x = torch.randn(2, 11, dtype=torch.float64)

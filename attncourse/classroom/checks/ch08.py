@@ -15,7 +15,7 @@ import torch
 from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_attention_state, merge_attention_states,
                                        merge_softmax_states, online_softmax_trace, softmax_state)
 from . import Case, edits, exercise
-from .ch08_routes import (_shortcut_merge_fold, _shortcut_merge_lse, _breaker_merge_pairwise, _shortcut_log_softmax, _shortcut_logsumexp, _breaker_buffer_three_pass, _breaker_rewrite_at_each_chunk, _breaker_buffer_unit_axis, _breaker_buffer_two_pass, FIX_MERGE, _breaker_rewrite_merge)  # noqa: F401
+from .ch08_routes import (_shortcut_merge_fold, _shortcut_merge_lse, _breaker_merge_pairwise, _shortcut_log_softmax, _shortcut_logsumexp, _breaker_buffer_three_pass, _breaker_rewrite_at_each_chunk, _breaker_buffer_unit_axis, _breaker_buffer_two_pass, FIX_MERGE, _breaker_rewrite_merge, _REDUCTIONS, _statistics)  # noqa: F401
 
 NEG_INF = float("-inf")
 PREDICT_ROW = (2.0, 1.0, 4.0, 4.0, 3.0)  # the row of exercise 4, one entry per step
@@ -110,18 +110,6 @@ def _log_softmax_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(x).all(dim=-1, keepdim=True), torch.full_like(x, NEG_INF), out)
 
 
-_REDUCTIONS = re.compile(r"^(sum|nansum|mean|nanmean|amax|amin|max|min|aminmax|prod|all|any|norm|linalg_vector_norm|"
-                         r"var|std|var_mean|std_mean|cumsum|cumprod|cummax|cummin|sort|topk|argmax|argmin|median|"
-                         r"nanmedian|kthvalue|mode|count_nonzero|logsumexp|logcumsumexp|mm|mv|bmm|addmm|addmv|matmul|"
-                         r"dot|vdot|inner|outer|linear|einsum|tensordot|baddbmm|addbmm|chain_matmul|multi_dot|"
-                         r"\w*pool\w*|\w*conv\w*|convolution\w*|cudnn\w*|mkldnn\w*|embedding_bag\w*|"
-                         r"segment_reduce|scatter_reduce\w*|scatter_add\w*|index_add\w*|index_reduce\w*|"
-                         r"bincount|histc|histogram\w*|trapz|trapezoid|cumulative_trapezoid|renorm|"
-                         r"unique\w*|searchsorted|bucketize|nanquantile|quantile|msort|argsort|fft_\w*|_fft_\w*|"
-                         r"\w*_loss|\w*_loss_forward|cross_entropy\w*|nll_loss\w*|cosine_similarity|pdist|cdist|"
-                         r"_cdist_forward|_euclidean_dist)$")
-
-
 _ENTRIES_PER_ELEMENT = 40  # one pass reads about 10-25 entries per entry of x (measured: tests/test_ch08_checks.py)
 
 
@@ -137,8 +125,10 @@ def _reduction_widths(run) -> list[int]:
 
 def _reads_once(runs) -> str | None:
     """One pass over a one-shot stream with a state of fixed size per row: no reduction over more than a chunk's
-    entries (a state kept per chunk and merged at the end is told so), and, once the stream is exhausted, a
-    constant amount of work per row (not a second pass over kept chunks)."""
+    entries (a state kept per chunk and merged at the end is told so), and, once the stream is exhausted, the row's
+    normaliser is finished from that fixed state: the operators that compute statistics (reductions, exp, log,
+    max) after the last chunk do not grow with the number of chunks. Applying the finished log-sum-exp to what was
+    kept may take one operator per chunk or one over the concatenation: the same data flow, both pass."""
     for run in runs:  # a reduction over one value per chunk (fewer than the entries): per-chunk states, merged
         x, chunk_size = run.case.args
         n_chunks = -(-x.shape[-1] // chunk_size)
@@ -170,7 +160,7 @@ def _reads_once(runs) -> str | None:
         if end is None:
             end = max((i for i, (_n, _l, _h, tensors) in enumerate(ops) if any(t[0] == final for t in tensors)),
                       default=len(ops) - 1)
-        tails[run.case.name] = (expected_chunks, _work(ops[end + 1:]))
+        tails[run.case.name] = (expected_chunks, _statistics(ops[end + 1:]))
         # what is already written is not rewritten at each growth of the max: on a row whose max grows at every
         # chunk, rewriting it reads about N^2 / (2C) entries per rewrite, against a few per entry for one pass
         per_entry = _elements(ops) / max(x.numel(), 1)
@@ -182,9 +172,11 @@ def _reads_once(runs) -> str | None:
     few = min(tails.values())
     many = max(tails.values())
     if many[1] > few[1] + 4:
-        return (f"after the last chunk your code runs {many[1]} operators for {many[0]} chunks and {few[1]} for "
-                f"{few[0]}: it goes back over what it kept per chunk (the chunks themselves, or a state per chunk); "
-                "keep a state of fixed size per row and finish each row with a constant amount of work")
+        return (f"after the last chunk your code still computes statistics of the row ({many[1]} reductions, "
+                f"exponentials, logarithms or maxima for {many[0]} chunks, {few[1]} for {few[0]}): it goes back "
+                "over what it kept per chunk (the chunks themselves, or a state per chunk) to find the row's "
+                "normaliser, a second pass; keep a state of fixed size per row, folded into as each chunk arrives, "
+                "so that the normaliser is known when the stream ends")
     return None
 
 
@@ -196,13 +188,15 @@ def _reads_once(runs) -> str | None:
           stream=(0, -1, "arg1"), prop=_reads_once, breakers=(_breaker_buffer_three_pass, _breaker_buffer_unit_axis, _breaker_buffer_two_pass,
                                                                _breaker_rewrite_at_each_chunk),
           prop_doc="one pass over a one-shot stream of chunks with a state of fixed size per row: no reduction "
-                   "wider than a chunk (a state kept per chunk and merged at the end is refused as such), a constant "
-                   "amount of work per row after the last chunk, and a bounded number of entries read per entry of "
-                   "the input (nothing already written is rewritten as the stream goes on)",
+                   "wider than a chunk (a state kept per chunk and merged at the end is refused as such), the row's "
+                   "normaliser finished from that state when the stream ends (the reductions, exponentials, "
+                   "logarithms and maxima after the last chunk do not grow with the number of chunks; the final "
+                   "subtraction may be one per chunk or one over the row), and a bounded number of entries read per "
+                   "entry of the input (nothing already written is rewritten as the stream goes on)",
           title="A log-softmax that reads its input once",
           hint="keep the running maximum and sum as in the lesson; in log space the correction for a grown maximum "
                "is not a product but a subtraction, the same for every entry of the row, so corrections add up and "
-               "can wait: write each chunk as you read it and correct the whole row once, after the stream. A fully "
+               "can wait: write each chunk as you read it and apply the row's correction after the stream. A fully "
                "masked row gives minus infinity everywhere, never NaN")
 def _one_pass_log():
     """Log-softmax over the last dim of a one-shot stream of chunks, read once."""

@@ -1,5 +1,6 @@
 """Chapter 08's shortcuts and breakers (answers built on forbidden functions, right outputs computed the
-wrong way), kept apart from the exercises in ch08.py so that each module stays readable."""
+wrong way), kept apart from the exercises in ch08.py so that each module stays readable; and the operator classes that
+exercise 2's property counts (reductions; statistics of a row)."""
 
 from __future__ import annotations
 import functools
@@ -11,6 +12,33 @@ from attncourse.online_softmax import (AttentionState, SoftmaxState, finalize_at
 from . import Case, edits, exercise
 
 NEG_INF = float("-inf")
+
+
+def _op(name: str) -> str:
+    return name.split("::")[-1].split(".")[0]
+
+
+_REDUCTIONS = re.compile(r"^(sum|nansum|mean|nanmean|amax|amin|max|min|aminmax|prod|all|any|norm|linalg_vector_norm|"
+                         r"var|std|var_mean|std_mean|cumsum|cumprod|cummax|cummin|sort|topk|argmax|argmin|median|"
+                         r"nanmedian|kthvalue|mode|count_nonzero|logsumexp|logcumsumexp|mm|mv|bmm|addmm|addmv|matmul|"
+                         r"dot|vdot|inner|outer|linear|einsum|tensordot|baddbmm|addbmm|chain_matmul|multi_dot|"
+                         r"\w*pool\w*|\w*conv\w*|convolution\w*|cudnn\w*|mkldnn\w*|embedding_bag\w*|"
+                         r"segment_reduce|scatter_reduce\w*|scatter_add\w*|index_add\w*|index_reduce\w*|"
+                         r"bincount|histc|histogram\w*|trapz|trapezoid|cumulative_trapezoid|renorm|"
+                         r"unique\w*|searchsorted|bucketize|nanquantile|quantile|msort|argsort|fft_\w*|_fft_\w*|"
+                         r"\w*_loss|\w*_loss_forward|cross_entropy\w*|nll_loss\w*|cosine_similarity|pdist|cdist|"
+                         r"_cdist_forward|_euclidean_dist)$")
+
+
+_STATISTICS = re.compile(r"^(exp|exp2|expm1|log|log2|log10|log1p|logaddexp|logaddexp2|pow|float_power|sigmoid|"
+                         r"softplus|maximum|minimum|fmax|fmin|xlogy|special_\w*)_?$")
+
+
+def _statistics(ops) -> int:
+    """The operators among ``ops`` that compute a statistic of the row (a reduction, an exponential or logarithm,
+    a running maximum), as opposed to applying one (a subtraction, a copy, a concatenation, a mask)."""
+    return sum(bool(_REDUCTIONS.match(_op(name).lstrip("_")) or _STATISTICS.match(_op(name).lstrip("_")))
+               for name, *_ in ops)
 
 
 def _shortcut_merge_fold(m_all, l_all):
