@@ -42,15 +42,24 @@ def time_per_token(model: GPT, context_len: int, n_new: int = 8, *, use_cache: b
     return best
 
 
-def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3) -> dict[int, tuple]:
-    """{length: (seconds/token without cache, with cache, speed-up)} for each context length: the median of
-    `repeats` runs, the cached and uncached runs alternating so that a change in the machine's load hits both."""
+def decode_speedup_runs(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3) -> dict[int, tuple]:
+    """{length: ([seconds/token without cache, one per run], [with cache, one per run])}: `repeats` runs, the
+    cached and uncached runs alternating so that a change in the machine's load hits both (run i of each list
+    were timed next to each other, so their ratio is run i's speed-up)."""
     _validate.positive_int("repeats", repeats)
     runs = {length: ([], []) for length in lengths}
     for _ in range(repeats):
         for length in lengths:
             runs[length][0].append(time_per_token(model, length, n_new, use_cache=False, repeats=1))
             runs[length][1].append(time_per_token(model, length, n_new, use_cache=True, repeats=1))
+    return runs
+
+
+def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3, *,
+                    runs: dict | None = None) -> dict[int, tuple]:
+    """{length: (seconds/token without cache, with cache, speed-up)} for each context length: the median of
+    `repeats` runs (:func:`decode_speedup_runs`, or its result passed as `runs`)."""
+    runs = decode_speedup_runs(model, lengths, n_new, repeats) if runs is None else runs
     out = {}
     for length, (slow, fast) in runs.items():
         slow, fast = float(torch.tensor(slow).median()), float(torch.tensor(fast).median())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attncourse.bench_decode import decode_step_times, prefill_vs_decode
+from attncourse.bench_decode import decode_speedup_runs, decode_speedups, decode_step_times, prefill_vs_decode
 from attncourse.gpt import GPT, GPTConfig
 
 
@@ -16,3 +16,13 @@ def test_decode_step_times_shape_and_validation():
     assert 0 < rates["decode_tokens_per_s"] < float("inf")
     with pytest.raises(ValueError, match="n_new"):
         decode_step_times(m, 10, 0)
+
+
+def test_decode_speedups_are_the_medians_of_the_runs():
+    runs = {16: ([3.0, 1.0, 2.0], [1.0, 0.5, 2.0]), 64: ([9.0, 6.0, 3.0], [1.0, 1.0, 3.0])}  # seconds/token, per run
+    table = decode_speedups(None, list(runs), runs=runs)      # the table from runs already timed: nothing is run
+    assert table == {16: (2.0, 1.0, 2.0), 64: (6.0, 1.0, 6.0)}
+    model = GPT(GPTConfig(vocab_size=11, block_size=32, d_model=16, n_heads=2, n_layers=1)).eval()
+    timed = decode_speedup_runs(model, [4, 8], n_new=2, repeats=2)
+    assert set(timed) == {4, 8} and all(len(slow) == len(fast) == 2 and min(slow + fast) > 0
+                                        for slow, fast in timed.values())

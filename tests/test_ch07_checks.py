@@ -4,6 +4,7 @@ and right answers written without the forbidden functions pass."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -473,3 +474,25 @@ def test_dropped_mass_study_judges_the_measurement(tmp_path, monkeypatch):
     assert "shape" in msg and "called" not in msg
     msg, _ = refused("07-window-dropped-study", float32_draw, tmp_path, monkeypatch)
     assert "draw q and k exactly" in msg, msg
+
+
+def test_prediction_check_stops_a_simulation_and_says_why(monkeypatch):
+    """Review 10: a loop over the long case's tokens kept the in-notebook check busy with no message; each case now
+    stops after its time limit (1 s here, to keep the test fast) with a reason."""
+    from attncourse.classroom.checks import limits
+
+    monkeypatch.setitem(limits.SECONDS, "07-predict-sizes", 1)
+
+    def streamed(cache, sink_cache, mask):  # counts the sink cache by streaming every token: cannot finish on 2^40
+        kept = 0
+        for _ in range(sink_cache[2]):
+            kept = min(kept + 1, sink_cache[1] + sink_cache[0] - 1)
+        return predicted_sizes(cache, sink_cache, mask)[0], kept, predicted_sizes(cache, sink_cache, mask)[2]
+
+    start = time.monotonic()
+    with pytest.raises(checks.CheckFailed, match="more than 1 s .* closed form"):
+        checks.check("07-predict-sizes", streamed)
+    assert time.monotonic() - start < 30
+    with limits.time_limit("07-predict-sizes"):  # the timer is off again after the case
+        time.sleep(0.01)
+    checks.check("07-predict-sizes", predicted_sizes)  # the closed form passes within the limit

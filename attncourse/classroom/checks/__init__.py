@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import forbidden
+from . import forbidden, limits
 from .notes import STUB_LINE, WIDTH, install_notes, quiet_note, wrap  # noqa: F401
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
@@ -374,7 +374,8 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
     runs = []
     for case in cases:
         try:
-            run = evaluate_run(ex, answer, case, inspect.currentframe().f_back.f_globals)
+            with limits.time_limit(ex.id):
+                run = evaluate_run(ex, answer, case, inspect.currentframe().f_back.f_globals)
             got = run.got
             runs.append(run)
         except ExerciseNotDone:
@@ -382,7 +383,7 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         except NotImplementedError:
             raise not_attempted(ex, f"`{ex.target}` still raises NotImplementedError: replace that line "
                                 "with your code") from None
-        except CheckFailed as err:  # a forbidden call: the same layout as a wrong value
+        except (CheckFailed, limits.TooSlow) as err:  # a forbidden call, or a case past its time limit
             raise _failure(ex, case, str(err)) from None
         except Exception as err:  # the learner's code raised: say which case, keep the cause
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err

@@ -7,7 +7,7 @@ import torch
 
 from attncourse.kv_cache import KVCache, SinkWindowCache
 from attncourse.masks import materialize, sliding_window
-from . import Case, exercise
+from . import Case, exercise, limits
 from .ch07 import _MASK_FUNCTIONS
 
 
@@ -52,6 +52,9 @@ def _long_mask_pairs(base: tuple[int, int, int], offset: tuple[int, int, int], s
     assert y3 - 2 * y2 + y1 == second, (base, offset)
     t = scale - s0  # Newton's forward differences from s0
     return y0 + t * (y1 - y0) + t * (t - 1) // 2 * second
+
+
+limits.SECONDS["07-predict-sizes"] = 30  # each case; the long one cannot finish by simulation: say so, do not hang
 
 
 @exercise("07-predict-sizes", "predicted_sizes", points=1, category="predict",
