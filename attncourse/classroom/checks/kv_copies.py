@@ -39,6 +39,9 @@ def _no_kv_copy(runs) -> str | None:
         limit = max(q.numel(), k.numel(), v.numel(), b * h * t * s)
         if g < 2 or g * k.numel() <= limit:
             continue
+        # Score- and weight-shaped data ((T, S), or the group folded into rows, (G T, S), and their transposes) is
+        # not K or V even where its shape matches K's (G T = D): only K's and V's own storage counts then.
+        scores = {(t, s), (s, t), (g * t, s), (s, g * t)}
         touched = 0
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op_name(name)
@@ -51,8 +54,9 @@ def _no_kv_copy(runs) -> str | None:
                             "Each KV head should serve its group of query heads where it is, in one matmul")
             if op in _VIEW_OPS or op in _MATMUL_OPS:
                 continue
-            kv_shaped = [_numel(shape) for _l, _o, shape, _s in tensors
-                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))]
+            kv_shaped = [_numel(shape) for label, _o, shape, _s in tensors
+                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))
+                         and (label in ("arg1", "arg2") or tuple(shape[-2:]) not in scores)]
             touched += max(kv_shaped, default=0)
         if touched > 2 * (k.numel() + v.numel()):
             return (f"case {run.case.name!r}: operators other than views and matmuls moved "
