@@ -87,7 +87,7 @@ def gqa_one_head_at_a_time(q, k, v):  # no copy, but each KV head read once per 
     return torch.stack(outs, 1)
 
 
-def gqa_folded_hand_softmax(q, k, v):  # lesson's folded form, mask repeated to (G T, S), softmax written out (review 10)
+def gqa_folded_hand_softmax(q, k, v):  # the lesson's folded form, mask repeated to (G T, S), softmax written out
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
@@ -202,6 +202,9 @@ def test_find_the_bug_2(tmp_path, monkeypatch):
     assert graded("05-find-the-bug-2", gqa_fixed, tmp_path, monkeypatch) == "passed"
     for route in (with_course_module, gqa_aten, ch05._gqa_by_module, ch05.reference_mha):
         refused("05-find-the-bug-2", route, tmp_path, monkeypatch)
+    for route in map(as_learner, checks.get("05-find-the-bug-2").breakers):  # MHA's K/V on GQA's weights (review 10)
+        msg = refused("05-find-the-bug-2", route, tmp_path, monkeypatch, called=False)
+        assert "not the way this exercise asks" in msg and ("repeated" in msg or "every query head" in msg), msg
 
 
 # ----------------------------------------------------------------------------- 6. mean-pool
