@@ -87,6 +87,30 @@ def gqa_one_head_at_a_time(q, k, v):  # no copy, but each KV head read once per 
     return torch.stack(outs, 1)
 
 
+def gqa_folded_hand_softmax(q, k, v):  # the lesson's folded form, mask repeated to (G T, S), softmax written out
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    s = (q.reshape(B, Hkv, G * T, D) @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~_mask(T, S).repeat(G, 1),
+                                                                                      float("-inf"))
+    e = torch.exp(s - s.amax(-1, keepdim=True))  # score-shaped (G T, S) = (D, S) in the case D = 16, G = 8, T = 2
+    return ((e / e.sum(-1, keepdim=True)) @ v).view(B, H, T, D)
+
+
+def gqa_copy_hand_softmax(q, k, v):  # the same written-out softmax after a real copy of K and V
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~_mask(q.shape[-2], k.shape[-2]), float("-inf"))
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def test_score_shaped_work_is_not_a_copy(tmp_path, monkeypatch):
+    checks.check("05-grouped-attention", gqa_folded_hand_softmax)  # elementwise work on scores shaped like K: passes
+    msg = refused("05-grouped-attention", gqa_copy_hand_softmax, tmp_path, monkeypatch, called=False)
+    assert "repeated for the query heads" in msg, msg
+
+
 def test_grouped_attention_refuses_every_copy_of_k_and_v(tmp_path, monkeypatch):
     for route in (gqa_review_copy, gqa_cat_copy, *map(as_learner, checks.get("05-grouped-attention").breakers)):
         msg = refused("05-grouped-attention", route, tmp_path, monkeypatch, called=False)
@@ -178,6 +202,9 @@ def test_find_the_bug_2(tmp_path, monkeypatch):
     assert graded("05-find-the-bug-2", gqa_fixed, tmp_path, monkeypatch) == "passed"
     for route in (with_course_module, gqa_aten, ch05._gqa_by_module, ch05.reference_mha):
         refused("05-find-the-bug-2", route, tmp_path, monkeypatch)
+    for route in map(as_learner, checks.get("05-find-the-bug-2").breakers):  # MHA's K/V on GQA's weights (review 10)
+        msg = refused("05-find-the-bug-2", route, tmp_path, monkeypatch, called=False)
+        assert "not the way this exercise asks" in msg and ("repeated" in msg or "every query head" in msg), msg
 
 
 # ----------------------------------------------------------------------------- 6. mean-pool

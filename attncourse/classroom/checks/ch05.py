@@ -13,7 +13,8 @@ from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
 from . import Case, edits, exercise
 from .ch05_given import FIX_MQA, _breaker_rewrite_mqa
 from .kv_copies import (_breaker_broadcast_matmul, _breaker_expand_reshape, _breaker_index_select,
-                        _breaker_per_head_copies, _breaker_per_head_loop, _breaker_repeat_interleave, _no_kv_copy)
+                        _breaker_kv_per_query_head, _breaker_per_head_copies, _breaker_per_head_loop,
+                        _breaker_repeat_interleave, _breaker_repeated_kv_weights, _gqa_weights_and_cost, _no_kv_copy)
 from .predictions import NOT_RIGHT
 
 _NO_KERNEL = ("torch.nn.functional.scaled_dot_product_attention",)
@@ -149,8 +150,11 @@ def _gqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):  # the kernel's GQ
 
 @exercise("05-find-the-bug-2", "gqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-fake-gqa",),
           allow=(), ops=("attention",), shortcuts=(_gqa_by_module, _gqa_by_aten),
-          prop_doc="output equality is the property: the answer takes GQA's own weights, so only a layer whose "
-                   "query heads share K/V heads in groups can give the output; the course's module is refused",
+          prop=_gqa_weights_and_cost, breakers=(_breaker_repeated_kv_weights, _breaker_kv_per_query_head),
+          prop_doc="GQA's weights and cost: the right output for GQA's own weights, with the K/V projection weights "
+                   "used as they are (never repeated, tiled or gathered into more K/V heads) and no more matmul work "
+                   "than projecting n_kv_heads K/V heads once, seen in the trace (a copy of the projected K/V per "
+                   "query head is exercise 05-grouped-attention's subject); the course's module is refused",
           bug_words=("stacked MQA", "MQA per group", "one MQA module per", "wider output projection",
                      "MQA modules side by side", "complete MQA", "whole MQA", "MQA layers side", "own output projection",
                      "its own d", "full width", "times wider", "wider than GQA", "final projection from",

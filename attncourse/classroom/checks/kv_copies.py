@@ -39,6 +39,9 @@ def _no_kv_copy(runs) -> str | None:
         limit = max(q.numel(), k.numel(), v.numel(), b * h * t * s)
         if g < 2 or g * k.numel() <= limit:
             continue
+        # Score- and weight-shaped data ((T, S), or the group folded into rows, (G T, S), and their transposes) is
+        # not K or V even where its shape matches K's (G T = D): only K's and V's own storage counts then.
+        scores = {(t, s), (s, t), (g * t, s), (s, g * t)}
         touched = 0
         for name, _launch, _helper, tensors in run.trace["ops"]:
             op = _op_name(name)
@@ -51,8 +54,9 @@ def _no_kv_copy(runs) -> str | None:
                             "Each KV head should serve its group of query heads where it is, in one matmul")
             if op in _VIEW_OPS or op in _MATMUL_OPS:
                 continue
-            kv_shaped = [_numel(shape) for _l, _o, shape, _s in tensors
-                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))]
+            kv_shaped = [_numel(shape) for label, _o, shape, _s in tensors
+                         if len(shape) >= 2 and tuple(shape[-2:]) in ((s, d), (d, s))
+                         and (label in ("arg1", "arg2") or tuple(shape[-2:]) not in scores)]
             touched += max(kv_shaped, default=0)
         if touched > 2 * (k.numel() + v.numel()):
             return (f"case {run.case.name!r}: operators other than views and matmuls moved "
@@ -144,3 +148,73 @@ def _breaker_per_head_loop(q, k, v):
             ~keep, float("-inf")), -1)
         outs.append(w @ v[:, head // g])
     return torch.stack(outs, 1)
+
+
+# Operators that replicate what they read: handed K's or V's projection weights, they build more K/V heads.
+_REPLICATING = frozenset(("repeat", "repeat_interleave", "index_select", "cat", "stack", "gather", "index", "take",
+                          "tile", "index_put", "scatter"))
+
+
+def _matmul_flops(tensors) -> int:
+    """Multiply-adds of one matmul-family operator from its two last operands' shapes ((..., n, k) @ (..., k, m))."""
+    mats = [shape for _label, _offset, shape, _stride in tensors if len(shape) >= 1][-2:]
+    if len(mats) < 2:
+        return 0
+    a, b = mats
+    return _numel(a) * (int(b[-1]) if len(b) >= 2 else 1)
+
+
+def _gqa_weights_and_cost(runs) -> str | None:
+    """A module of GQA's weights and cost: the K and V projection weights (arguments w_k, w_v) are multiplied as they
+    are, never repeated, tiled or gathered into the weights of more K/V heads, and the matmuls together do no more
+    work than projecting n_kv_heads K/V heads once (half of what computing K and V for every query head adds is
+    allowed, for other orders of the same work). Judged on the cases with fewer KV heads than query heads."""
+    for run in runs:
+        x, _w_q, w_k, _w_v, _w_o, h, h_kv = run.case.args[:7]
+        if h_kv >= h:
+            continue
+        (b, t, d), head = x.shape, x.shape[-1] // h
+        flops = 0
+        for name, _launch, _helper, tensors in run.trace["ops"]:
+            op = _op_name(name)
+            if op in _MATMUL_OPS:
+                flops += _matmul_flops(tensors)
+                continue
+            if op in _VIEW_OPS:
+                continue
+            for label, _offset, shape, _stride in tensors:
+                if label in ("arg2", "arg3") and (op in _REPLICATING or _numel(shape) > w_k.numel()):
+                    return (f"case {run.case.name!r}: {name} read the K/V projection weights ({label}): they were "
+                            "repeated for the query heads, which builds the K/V heads of multi-head attention (its "
+                            "cache and its cost). Grouped-query attention projects n_kv_heads K/V heads once and lets "
+                            "each group of query heads share one")
+        gqa = 2 * b * t * d * d + 2 * b * t * d * h_kv * head + 2 * b * h * t * t * head
+        extra = 2 * b * t * d * (h - h_kv) * head  # what K and V projected for every query head would add
+        if flops > gqa + extra // 2:
+            return (f"case {run.case.name!r}: the matmuls did {flops:,} multiply-adds where projecting "
+                    f"{h_kv} K/V heads once needs {gqa:,}: K and V were computed for every query head (multi-head "
+                    "attention's cost). Project each KV head once and share it within its group")
+    return None
+
+
+def _breaker_repeated_kv_weights(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """Multi-head attention on GQA's K/V weights repeated per query head (cold review 10): right values, MHA's K/V."""
+    b, t, d = x.shape
+    head, g = d // n_heads, n_heads // n_kv_heads
+    rk, rv = (w.view(n_kv_heads, head, d).repeat_interleave(g, 0).reshape(d, d) for w in (w_k, w_v))
+    q, k, v = ((x @ w.T).view(b, t, n_heads, head).transpose(1, 2) for w in (w_q, rk, rv))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / head ** 0.5, -1)
+    return (weights @ v).transpose(1, 2).reshape(b, t, d) @ w_o.T
+
+
+def _breaker_kv_per_query_head(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """One query head at a time, each projecting its group's K and V again from the weights (no copy of any weight)."""
+    b, t, d = x.shape
+    head, g = d // n_heads, n_heads // n_kv_heads
+    outs = []
+    for h in range(n_heads):
+        rows = slice(h // g * head, (h // g + 1) * head)
+        q = x @ w_q[h * head:(h + 1) * head].T
+        k, v = x @ w_k[rows].T, x @ w_v[rows].T
+        outs.append(torch.softmax(q @ k.transpose(-2, -1) / head ** 0.5, -1) @ v)
+    return torch.cat(outs, -1) @ w_o.T
