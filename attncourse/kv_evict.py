@@ -60,7 +60,7 @@ def decode_eval(model, tokens: torch.Tensor, prompt_len: int, policy: str = "h2o
     stay cached whatever their score or age, inside the budget ("window" with sinks is StreamingLLM's cache). Kept
     keys keep the positions they were computed at (as H2O does; StreamingLLM re-indexes, chapter 07). Returns ``{"accuracy", "per_step"
     (accuracy of each decode step over the batch), "max_keys" (the most keys one head's cache held after a step),
-    "logits" (B, T, V)}``.
+    "logits" (B, T, V), "kept" (per layer, bool (B, H, T): the positions cached after the last step)}``.
     Raises ValueError for an unknown policy, `recent` outside 1..budget or a prompt that leaves no continuation."""
     if policy not in ("h2o", "window"):
         raise ValueError(f"policy must be 'h2o' or 'window', got {policy!r}")
@@ -75,7 +75,7 @@ def decode_eval(model, tokens: torch.Tensor, prompt_len: int, policy: str = "h2o
     b, t = tokens.shape
     if not 1 <= prompt_len < t - 1:
         raise ValueError(f"prompt_len must leave a continuation: 1 <= prompt_len < T - 1 = {t - 1}, got {prompt_len}")
-    most = 0
+    most, final = 0, []
     with torch.no_grad():
         x = model.tok(tokens) + model.pos(torch.arange(t))  # (B, T, d)
         for norm, attn in zip(model.norms, model.attns):
@@ -100,9 +100,11 @@ def decode_eval(model, tokens: torch.Tensor, prompt_len: int, policy: str = "h2o
                 keep = evict_one(keep, score, s, budget, recent, policy, sinks)
                 most = max(most, int(keep.sum(-1).max()))
             x = x + attn(h, attn_mask=mask)
+            final.append(keep)
         logits = model.head(model.norm(x))  # (B, T, V)
     hits = (logits[:, prompt_len:-1].argmax(-1) == tokens[:, prompt_len + 1:]).double()  # (B, decode steps)
-    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "max_keys": most, "logits": logits}
+    return {"accuracy": hits.mean().item(), "per_step": hits.mean(0).tolist(), "max_keys": most, "logits": logits,
+            "kept": final}
 
 
 def free_running(evaluate, tokens: torch.Tensor, prompt_len: int) -> dict:

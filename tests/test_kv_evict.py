@@ -69,6 +69,8 @@ def test_decode_eval_equals_a_token_by_token_decode(policy, budget, recent, sink
     assert not torch.allclose(got["logits"][:, p:-1], model(tokens)[:, p:-1], atol=1e-2)  # the eviction mattered
     assert got["per_step"] == hits.mean(0).tolist() and got["accuracy"] == hits.mean().item()
     assert got["max_keys"] == budget
+    assert all(k.shape == (3, model.attns[0].n_heads, tokens.shape[1]) and (k.sum(-1) == budget).all()
+               and k[..., :sinks].all() for k in got["kept"])  # the final caches: full, sinks in
 
 
 def test_greedy_h2o_is_not_the_one_shot_variant_and_a_large_budget_loses_nothing():
