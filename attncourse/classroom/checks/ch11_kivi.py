@@ -14,14 +14,14 @@ def kivi_keys_reference(k: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     """k (..., T, D) -> the keys as KIVI's cache returns them: every full group of `group` tokens (from the start)
     quantised to `bits` bits with one (minimum, step) per channel over the group's tokens, the last T mod group
     tokens exact."""
-    full = k.shape[-2] - k.shape[-2] % group
+    full = (k.shape[-2] // group) * group  # tokens in complete groups
     parts = [fake_quantize(k[..., s:s + group, :], bits, -2) for s in range(0, full, group)]
     return torch.cat(parts + [k[..., full:, :]], dim=-2)
 
 
 def _shortcut_package(k, bits, group):
     from attncourse.kv_quant import fake_quantize as fq
-    full = k.shape[-2] - k.shape[-2] % group
+    full = (k.shape[-2] // group) * group  # tokens in complete groups
     return torch.cat([fq(k[..., s:s + group, :], bits, -2) for s in range(0, full, group)] + [k[..., full:, :]], -2)
 
 
