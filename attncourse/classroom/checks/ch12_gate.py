@@ -39,8 +39,8 @@ def _shortcut_sdpa(x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads):  # the gate by han
     split = lambda y: y.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # noqa: E731
     heads = torch.nn.functional.scaled_dot_product_attention(split(x @ w_q), split(x @ w_k), split(x @ w_v),
                                                              is_causal=True)
-    gated = heads * torch.sigmoid(split(x @ w_g + b_g))
-    return gated.transpose(1, 2).reshape(b, t, d) @ w_o
+    merged = (heads * torch.sigmoid(split(x @ w_g + b_g))).transpose(1, 2).reshape(b, t, d)  # (B, T, d)
+    return merged @ w_o
 
 
 @exercise("12-gated-attention", "gated_attention", points=2, category="implement",
