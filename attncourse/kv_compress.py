@@ -51,6 +51,14 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[tuple[torch.Tensor, t
     return _int8(k, -2), _int8(v, -1)
 
 
+def _fp8(x: torch.Tensor) -> torch.Tensor:
+    """`x` stored as float8 e4m3 with one scale for the whole tensor (its largest magnitude maps to 448, the format's
+    largest), returned dequantised: vLLM's ``kv_cache_dtype="fp8_e4m3"`` keeps one such scale for the keys and one for
+    the values of each layer."""
+    scale = x.abs().amax().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """int8 values times their scales, in `dtype`."""
     return q.to(dtype) * scale.to(dtype)
@@ -145,6 +153,7 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
     layer's prompt keys and values compressed by `method`, and the cache's bytes for the prompt.
 
     `method`: "full" (no compression), "int8" (:func:`quantize_kv` on every key and value, prompt and continuation),
+    "fp8" (float8 e4m3 with one scale per layer for the keys and one for the values, as vLLM's fp8 KV cache),
     "recent" (the last `budget` prompt keys), "h2o" (:func:`h2o_keep`, `window` recent keys) or "snapkv"
     (:func:`snapkv_keep`, with `kernel` and `pool`; ``kernel=5, pool="avg"`` is the reference code's); `sinks`:
     the first `sinks` prompt keys are kept by "recent", "h2o" and "snapkv" whatever their score, inside the budget
@@ -156,7 +165,7 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
     with all of them), as when a server compresses after the prefill. Bytes: keys and values of the prompt per layer
     and KV head, float16 for kept keys (int8 plus float16 scales for "int8"). Returns ``{"accuracy", "per_step"
     (the accuracy of each decode step, over the batch), "bytes", "full_bytes", "logits" (B, T, V)}``."""
-    methods = ("full", "int8", "recent", "h2o", "snapkv")
+    methods = ("full", "int8", "fp8", "recent", "h2o", "snapkv")
     if method not in methods:
         raise ValueError(f"method must be one of {methods}, got {method!r}")
     _validate.tensor("tokens", tokens, min_rank=2)
@@ -200,6 +209,11 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
                 hooks.append(a.k_proj.register_forward_hook(lambda m_, a_, o, f=fake_quant: f(m_, a_, o, True)))
                 hooks.append(a.v_proj.register_forward_hook(lambda m_, a_, o, f=fake_quant: f(m_, a_, o, False)))
             byte_count = len(layers) * h * (prompt_len * 2 * d + (d + prompt_len) * 2)  # int8 + fp16 scales
+        elif method == "fp8":
+            for a in layers:
+                hooks.append(a.k_proj.register_forward_hook(lambda m_, a_, o: _fp8(o)))  # (B, T, Hkv * D), one scale
+                hooks.append(a.v_proj.register_forward_hook(lambda m_, a_, o: _fp8(o)))
+            byte_count = len(layers) * (h * prompt_len * 2 * d + 2 * 4)  # one byte each + two float32 scales per layer
         else:
             byte_count = int(kept * 2 * d * 2)
         try:

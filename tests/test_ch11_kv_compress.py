@@ -143,3 +143,19 @@ def test_sink_tokens_are_kept_inside_the_budget():
     with pytest.raises(ValueError, match="sinks"):
         compressed_eval(model, tokens, p, "full", sinks=2)
 
+
+def test_fp8_cache_is_e4m3_with_one_scale():
+    """Every stored value is a float8 e4m3 number times the tensor's one scale, within e4m3's relative step (2^-3,
+    so rounding moves a normal number by at most 2^-4 of it); the circuit still copies; one byte per number."""
+    from attncourse.kv_compress import _fp8
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 5
+    y = _fp8(x)
+    scale = x.abs().max() / 448
+    assert torch.equal((y / scale).to(torch.float8_e4m3fn).to(torch.float64), y / scale)  # representable
+    normal = x.abs() >= scale * 2 ** -6  # e4m3's smallest normal number is 2^-6
+    assert ((y - x).abs() <= x.abs() * 2 ** -4 + 1e-12)[normal].all()
+    model = planted_induction_model(16, 10, generator=torch.Generator().manual_seed(0))
+    tokens, p = retrieval_batch(torch.Generator().manual_seed(1), 4, 10, 16, question=3, answer=4)
+    got = compressed_eval(model, tokens, p, "fp8")
+    assert got["accuracy"] == 1.0 and got["bytes"] == 2 * (2 * p * 2 * model.attns[0].head_dim + 8)
+
