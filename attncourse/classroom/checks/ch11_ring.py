@@ -5,9 +5,9 @@ backward, as one rank of a ring of `world_size`, and reads the bytes its ``_exch
 ``dist.isend`` call, exactly as a real gloo run counts them (``tests/test_ring.py`` compares the two). Only what
 does not decide what is sent is replaced, for the length of the call: the process group (a stand-in that starts
 no transfer), the per-pair attention kernels (they return zeros of the right shapes), the merge and ``torch.cat``
-(a shape-only one); the tensors live on the meta device, so a 131,072-token layer costs no memory and no time. A learner cannot call this (the
-exercise refuses the checker's functions and the ring), and transcribing it needs the ring itself: the count has
-to come from reading ``RingAttentionFunction`` and counting its sends.
+(a shape-only one); the tensors live on the meta device, so a 131,072-token layer costs no memory and no time. A
+learner cannot call this (the exercise refuses the checker's functions and the ring), and transcribing it needs
+the ring itself: the count has to come from reading ``RingAttentionFunction`` and counting its sends.
 """
 
 from __future__ import annotations
