@@ -51,12 +51,20 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[tuple[torch.Tensor, t
     return _int8(k, -2), _int8(v, -1)
 
 
+def _fp8(x: torch.Tensor) -> torch.Tensor:
+    """`x` stored as float8 e4m3 with one scale for the whole tensor (its largest magnitude maps to 448, the format's
+    largest), returned dequantised: vLLM's ``kv_cache_dtype="fp8_e4m3"`` keeps one such scale for the keys and one for
+    the values of each layer."""
+    scale = x.abs().amax().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """int8 values times their scales, in `dtype`."""
     return q.to(dtype) * scale.to(dtype)
 
 
-def _check_maps(weights: torch.Tensor, budget: int, window: int) -> int:
+def _check_maps(weights: torch.Tensor, budget: int, window: int, sinks: int = 0) -> int:
     _validate.tensor("weights", weights, min_rank=2, floating=True)
     t = weights.shape[-1]
     if weights.shape[-2] != t:
@@ -65,40 +73,52 @@ def _check_maps(weights: torch.Tensor, budget: int, window: int) -> int:
     _validate.positive_int("window", window)
     if window > budget:
         raise ValueError(f"window={window} must be at most budget={budget}")
+    _check_sinks(sinks, budget - window)
     return t
 
 
-def _keep_top(scores: torch.Tensor, window: int, budget: int) -> torch.Tensor:
-    """bool (..., T): the last `window` keys, then the `budget - window` best-scoring earlier ones."""
+def _check_sinks(sinks: int, room: int) -> None:
+    if not isinstance(sinks, int) or isinstance(sinks, bool) or not 0 <= sinks <= room:
+        raise ValueError(f"sinks must be an int in 0..{room} (the budget left beside the window), got {sinks!r}")
+
+
+def _keep_top(scores: torch.Tensor, window: int, budget: int, sinks: int = 0) -> torch.Tensor:
+    """bool (..., T): the first `sinks` keys and the last `window` keys, then the best-scoring others up to
+    `budget` keys in all."""
     t = scores.shape[-1]
     keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
     if budget >= t:
         return ~keep
     keep[..., t - window:] = True
-    top = scores[..., :t - window].topk(budget - window, dim=-1).indices
+    scores = scores[..., :t - window].clone()
+    scores[..., :sinks] = float("inf")  # the sink tokens win every vote, so they are among the top
+    top = scores.topk(budget - window, dim=-1).indices
     return keep.scatter(-1, top, True)
 
 
-def h2o_keep(weights: torch.Tensor, budget: int, recent: int) -> torch.Tensor:
+def h2o_keep(weights: torch.Tensor, budget: int, recent: int, sinks: int = 0) -> torch.Tensor:
     """H2O on a prompt: keep the `recent` newest keys and the heavy hitters, the earlier keys with the most attention
-    accumulated over all the prompt's queries, `budget` keys per head in all.
+    accumulated over all the prompt's queries, `budget` keys per head in all; with ``sinks > 0`` the first `sinks`
+    keys are kept whatever their score (StreamingLLM's sink tokens), inside the same budget.
 
     weights: (..., T, T) the prompt's causal attention maps. Returns bool (..., T), True = kept. Raises ValueError
-    for maps that are not square or a budget below the window."""
-    _check_maps(weights, budget, recent)
-    return _keep_top(weights.sum(-2), recent, budget)
+    for maps that are not square, a budget below the window or more sinks than the budget leaves."""
+    _check_maps(weights, budget, recent, sinks)
+    return _keep_top(weights.sum(-2), recent, budget, sinks)
 
 
-def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7, *, pool: str = "max") -> torch.Tensor:
+def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7, *, pool: str = "max",
+                sinks: int = 0) -> torch.Tensor:
     """SnapKV on a prompt: the last `window` queries vote (their attention summed over the window), the votes are
     pooled along the keys with an odd `kernel`, and the `budget - window` best earlier keys are kept with the
     window's own keys.
 
     weights: (..., T, T) the prompt's causal attention maps. budget, window: keys kept per head, and how many of them
     are the observation window. kernel: odd pooling width. pool: ``"max"`` (this course's default) or ``"avg"``
-    (the reference code's default, with zero padding counted, as ``F.avg_pool1d`` does). Returns bool (..., T),
-    True = kept. Raises ValueError for an even kernel, an unknown pool or a budget below the window."""
-    t = _check_maps(weights, budget, window)
+    (the reference code's default, with zero padding counted, as ``F.avg_pool1d`` does). sinks: the first `sinks`
+    keys are kept whatever the vote, inside the budget. Returns bool (..., T), True = kept. Raises ValueError for an
+    even kernel, an unknown pool, a budget below the window or more sinks than the budget leaves."""
+    t = _check_maps(weights, budget, window, sinks)
     _validate.positive_int("kernel", kernel)
     if kernel % 2 == 0:
         raise ValueError(f"kernel must be odd, got {kernel}")
@@ -108,7 +128,7 @@ def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7
     lead = votes.shape[:-1]
     pooler = F.max_pool1d if pool == "max" else F.avg_pool1d
     pooled = pooler(votes.reshape(-1, 1, t), kernel, stride=1, padding=kernel // 2).reshape(*lead, t)
-    return _keep_top(pooled, window, budget)
+    return _keep_top(pooled, window, budget, sinks)
 
 
 def retrieval_batch(generator: torch.Generator, batch: int, seg_len: int, vocab: int, question: int, answer: int
@@ -127,20 +147,25 @@ def retrieval_batch(generator: torch.Generator, batch: int, seg_len: int, vocab:
 
 
 def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = "full", *, budget: int | None = None,
-                    window: int = 4, kernel: int = 7, pool: str = "max") -> dict:
+                    window: int = 4, kernel: int = 7, pool: str = "max", sinks: int = 0) -> dict:
     """Next-token accuracy of the decode steps (queries at positions prompt_len .. T-2, each predicting the next
     token; the first continuation token comes from the prefill, which saw the whole prompt) with every
     layer's prompt keys and values compressed by `method`, and the cache's bytes for the prompt.
 
     `method`: "full" (no compression), "int8" (:func:`quantize_kv` on every key and value, prompt and continuation),
+    "fp8" (float8 e4m3 with one scale per layer for the keys and one for the values, as vLLM's fp8 KV cache),
     "recent" (the last `budget` prompt keys), "h2o" (:func:`h2o_keep`, `window` recent keys) or "snapkv"
-    (:func:`snapkv_keep`, with `kernel` and `pool`; ``kernel=5, pool="avg"`` is the reference code's). The
+    (:func:`snapkv_keep`, with `kernel` and `pool`; ``kernel=5, pool="avg"`` is the reference code's); `sinks`:
+    the first `sinks` prompt keys are kept by "recent", "h2o" and "snapkv" whatever their score, inside the budget
+    (StreamingLLM's sink tokens; "recent" then keeps the `budget - sinks` newest). Kept keys keep the positions they
+    were computed at (this model adds learned absolute positions before every layer, so a key cannot be re-indexed
+    after the fact; H2O and SnapKV keep original positions too, StreamingLLM re-indexes, chapter 07). The
     continuation is teacher-forced (every decode query is fed the true previous token; for the model's own tokens fed
     back, wrap this in :func:`attncourse.kv_evict.free_running`). Evicted keys are hidden from the continuation's queries only (the prompt was prefilled
     with all of them), as when a server compresses after the prefill. Bytes: keys and values of the prompt per layer
     and KV head, float16 for kept keys (int8 plus float16 scales for "int8"). Returns ``{"accuracy", "per_step"
     (the accuracy of each decode step, over the batch), "bytes", "full_bytes", "logits" (B, T, V)}``."""
-    methods = ("full", "int8", "recent", "h2o", "snapkv")
+    methods = ("full", "int8", "fp8", "recent", "h2o", "snapkv")
     if method not in methods:
         raise ValueError(f"method must be one of {methods}, got {method!r}")
     _validate.tensor("tokens", tokens, min_rank=2)
@@ -149,6 +174,10 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
         raise ValueError(f"prompt_len must leave a continuation: 1 <= prompt_len < T - 1 = {t - 1}, got {prompt_len}")
     if method in ("recent", "h2o", "snapkv") and (budget is None or not 1 <= budget):
         raise ValueError(f"method {method!r} needs a budget >= 1, got {budget!r}")
+    if sinks:
+        if method not in ("recent", "h2o", "snapkv"):
+            raise ValueError(f"sinks={sinks} needs an eviction method ('recent', 'h2o', 'snapkv'), got {method!r}")
+        _check_sinks(sinks, min(budget, prompt_len) - (0 if method == "recent" else min(window, budget, prompt_len)))
     layers, hooks = model.attns, []
     h, d = layers[0].n_kv_heads, layers[0].head_dim
     full_bytes = len(layers) * h * prompt_len * 2 * d * 2  # K and V, float16
@@ -157,12 +186,14 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
         masks = []
         for m in maps:
             if method == "h2o":
-                keep = h2o_keep(m, min(budget, prompt_len), min(window, budget, prompt_len))
+                keep = h2o_keep(m, min(budget, prompt_len), min(window, budget, prompt_len), sinks)
             elif method == "snapkv":
-                keep = snapkv_keep(m, min(budget, prompt_len), min(window, budget, prompt_len), kernel, pool=pool)
+                keep = snapkv_keep(m, min(budget, prompt_len), min(window, budget, prompt_len), kernel, pool=pool,
+                                   sinks=sinks)
             elif method == "recent":
                 keep = torch.zeros(m.shape[:-1], dtype=torch.bool)
-                keep[..., max(0, prompt_len - budget):] = True
+                keep[..., max(0, prompt_len - budget + sinks):] = True
+                keep[..., :sinks] = True
             else:
                 keep = torch.ones(m.shape[:-1], dtype=torch.bool)
             allowed = torch.ones(b, m.shape[1], t, t, dtype=torch.bool).tril()
@@ -178,6 +209,11 @@ def compressed_eval(model, tokens: torch.Tensor, prompt_len: int, method: str = 
                 hooks.append(a.k_proj.register_forward_hook(lambda m_, a_, o, f=fake_quant: f(m_, a_, o, True)))
                 hooks.append(a.v_proj.register_forward_hook(lambda m_, a_, o, f=fake_quant: f(m_, a_, o, False)))
             byte_count = len(layers) * h * (prompt_len * 2 * d + (d + prompt_len) * 2)  # int8 + fp16 scales
+        elif method == "fp8":
+            for a in layers:
+                hooks.append(a.k_proj.register_forward_hook(lambda m_, a_, o: _fp8(o)))  # (B, T, Hkv * D), one scale
+                hooks.append(a.v_proj.register_forward_hook(lambda m_, a_, o: _fp8(o)))
+            byte_count = len(layers) * (h * prompt_len * 2 * d + 2 * 4)  # one byte each + two float32 scales per layer
         else:
             byte_count = int(kept * 2 * d * 2)
         try:

@@ -107,3 +107,55 @@ def test_bad_input_is_refused():
         compressed_eval(model, tokens, p, "h2o")
     with pytest.raises(ValueError):
         retrieval_batch(torch.Generator(), 2, 5, 16, question=3, answer=4)
+
+
+def test_sink_tokens_are_kept_inside_the_budget():
+    """With sinks, the first keys are kept whatever their score, and the rest of the selection is the brute force's
+    over the keys that are neither sinks nor window; "recent" keeps the sinks and the budget - sinks newest."""
+    gen = torch.Generator().manual_seed(2)
+    s = torch.randn(2, 3, 12, 12, generator=gen).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(),
+                                                              float("-inf"))
+    w = s.softmax(-1)
+    scores = w.sum(-2).clone()
+    scores[..., :2] = float("inf")  # the brute force sees the two sinks as the best-scored keys
+    keep = h2o_keep(w, 6, 2, sinks=2)
+    assert keep[..., :2].all()
+    agrees_with_brute_force(keep, scores, 2, 6)
+    assert snapkv_keep(w, 7, 3, kernel=5, sinks=3)[..., :3].all() and (snapkv_keep(w, 7, 3, sinks=3).sum(-1) == 7).all()
+    assert torch.equal(h2o_keep(w, 6, 2, sinks=0), h2o_keep(w, 6, 2))
+    with pytest.raises(ValueError, match="sinks"):
+        h2o_keep(w, 6, 2, sinks=5)  # 6 keys, 2 for the window: room for 4 sinks at most
+    model = planted_induction_model(16, 10, generator=torch.Generator().manual_seed(0))
+    tokens, p = retrieval_batch(torch.Generator().manual_seed(1), 4, 10, 16, question=3, answer=4)
+    got = compressed_eval(model, tokens, p, "recent", budget=5, sinks=2)
+    with torch.no_grad():  # by hand: the continuation's queries see prompt keys 0, 1 and the 3 newest
+        _, maps = model(tokens[:, :p], return_weights=True)
+        keep = torch.zeros(p, dtype=torch.bool)
+        keep[[0, 1, p - 3, p - 2, p - 1]] = True
+        allowed = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril()
+        allowed[p:, :p] &= keep
+        x = model.tok(tokens) + model.pos(torch.arange(tokens.shape[1]))  # kept keys keep their original positions
+        for norm, attn in zip(model.norms, model.attns):
+            x = x + attn(norm(x), attn_mask=allowed)
+        ref = model.head(model.norm(x))
+    torch.testing.assert_close(got["logits"], ref)
+    assert got["bytes"] == compressed_eval(model, tokens, p, "recent", budget=5)["bytes"]  # same budget, same bytes
+    with pytest.raises(ValueError, match="sinks"):
+        compressed_eval(model, tokens, p, "full", sinks=2)
+
+
+def test_fp8_cache_is_e4m3_with_one_scale():
+    """Every stored value is a float8 e4m3 number times the tensor's one scale, within e4m3's relative step (2^-3,
+    so rounding moves a normal number by at most 2^-4 of it); the circuit still copies; one byte per number."""
+    from attncourse.kv_compress import _fp8
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 5
+    y = _fp8(x)
+    scale = x.abs().max() / 448
+    assert torch.equal((y / scale).to(torch.float8_e4m3fn).to(torch.float64), y / scale)  # representable
+    normal = x.abs() >= scale * 2 ** -6  # e4m3's smallest normal number is 2^-6
+    assert ((y - x).abs() <= x.abs() * 2 ** -4 + 1e-12)[normal].all()
+    model = planted_induction_model(16, 10, generator=torch.Generator().manual_seed(0))
+    tokens, p = retrieval_batch(torch.Generator().manual_seed(1), 4, 10, 16, question=3, answer=4)
+    got = compressed_eval(model, tokens, p, "fp8")
+    assert got["accuracy"] == 1.0 and got["bytes"] == 2 * (2 * p * 2 * model.attns[0].head_dim + 8)
+

@@ -408,3 +408,33 @@ def test_cold_review_9_patchify_routes(tmp_path, monkeypatch):
         return images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(b, -1, c * p * p)
 
     refused("12-patchify", tensor_unfold, tmp_path, monkeypatch, because="unfold")
+
+
+# ----------------------------------------------------------------------------- gated attention (G1)
+
+
+def _gated(x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads, where="output"):
+    b, t, d = x.shape
+    split = lambda y: y.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # noqa: E731
+    q, k, v = split(x @ w_q), split(x @ w_k), split(x @ w_v)
+    gate = torch.sigmoid(split(x @ w_g + b_g))  # (B, H, T, D)
+    if where == "values":
+        v = v * gate
+    scores = (q @ k.transpose(-2, -1) / (d // n_heads) ** 0.5).masked_fill(
+        ~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    heads = torch.softmax(scores, -1) @ v
+    if where == "output":
+        heads = heads * gate
+    elif where == "headwise":
+        heads = heads * gate.mean(-1, keepdim=True)
+    out = heads.transpose(1, 2).reshape(b, t, d) @ w_o
+    return out * torch.sigmoid(x @ w_g + b_g) if where == "after" else out
+
+
+def test_gated_attention(tmp_path, monkeypatch):
+    checks.check("12-gated-attention", _gated)
+    for where in ("values", "headwise", "after"):
+        with pytest.raises(checks.CheckFailed, match="values differ"):
+            checks.check("12-gated-attention",
+                         lambda x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads, where=where:
+                         _gated(x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads, where))

@@ -13,8 +13,9 @@ from attncourse.kv_compress import compressed_eval, retrieval_batch
 from attncourse.kv_evict import decode_eval
 
 
-def decode_by_hand(model, tokens, p, budget, recent, policy):
-    """Logits (B, T, V) of a decode that keeps, per layer, sequence and head, a set of at most `budget` positions."""
+def decode_by_hand(model, tokens, p, budget, recent, policy, sinks=0):
+    """Logits (B, T, V) of a decode that keeps, per layer, sequence and head, a set of at most `budget` positions;
+    the first `sinks` positions are never evicted. Every key keeps the position it was computed at."""
     b, t = tokens.shape
     with torch.no_grad():
         x = model.tok(tokens) + model.pos(torch.arange(t))
@@ -33,9 +34,10 @@ def decode_by_hand(model, tokens, p, budget, recent, policy):
                         for j in range(i + 1):
                             score[j] += float(w[j])
                     newest = list(range(max(0, p - min(recent, budget)), p))
-                    older = sorted(range(p - len(newest)), key=lambda j: -score[j])
-                    cache = set(newest) | set(older[:max(0, budget - len(newest))]) if policy == "h2o" else \
-                        set(range(max(0, p - budget), p))
+                    older = sorted(range(sinks, p - len(newest)), key=lambda j: -score[j])
+                    room = max(0, budget - len(newest) - sinks)
+                    cache = set(range(sinks)) | set(newest) | set(older[:room]) if policy == "h2o" else \
+                        set(range(sinks)) | set(range(max(0, p - budget + sinks), p))
                     for i in range(p, t):
                         if i == t - 1:  # the last position predicts nothing scored: full causal
                             keys = list(range(i + 1))
@@ -48,24 +50,27 @@ def decode_by_hand(model, tokens, p, budget, recent, policy):
                         for j, wj in zip(keys, w.tolist()):
                             score[j] += wj
                         if len(cache) > budget:
-                            victim = min((j for j in cache if j <= i - recent), key=lambda j: score[j]) \
-                                if policy == "h2o" else min(cache)
+                            victim = min((j for j in cache if sinks <= j <= i - recent), key=lambda j: score[j]) \
+                                if policy == "h2o" else min(j for j in cache if j >= sinks)
                             cache.remove(victim)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, nh * hd))
         return model.head(model.norm(x))
 
 
-@pytest.mark.parametrize("policy, budget, recent", [("h2o", 6, 2), ("h2o", 9, 4), ("window", 6, 1)])
-def test_decode_eval_equals_a_token_by_token_decode(policy, budget, recent):
+@pytest.mark.parametrize("policy, budget, recent, sinks", [("h2o", 6, 2, 0), ("h2o", 9, 4, 0), ("window", 6, 1, 0),
+                                                           ("h2o", 9, 3, 2), ("window", 6, 1, 2)])
+def test_decode_eval_equals_a_token_by_token_decode(policy, budget, recent, sinks):
     model = planted_induction_model(16, 12, generator=torch.Generator().manual_seed(3), noise=0.5)
     tokens, p = retrieval_batch(torch.Generator().manual_seed(4), 3, 12, 16, question=3, answer=6)
-    ref = decode_by_hand(model, tokens, p, budget, recent, policy)
+    ref = decode_by_hand(model, tokens, p, budget, recent, policy, sinks)
     hits = (ref[:, p:-1].argmax(-1) == tokens[:, p + 1:]).double()
-    got = decode_eval(model, tokens, p, policy, budget=budget, recent=recent)
+    got = decode_eval(model, tokens, p, policy, budget=budget, recent=recent, sinks=sinks)
     torch.testing.assert_close(got["logits"], ref, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(got["logits"][:, p:-1], model(tokens)[:, p:-1], atol=1e-2)  # the eviction mattered
     assert got["per_step"] == hits.mean(0).tolist() and got["accuracy"] == hits.mean().item()
     assert got["max_keys"] == budget
+    assert all(k.shape == (3, model.attns[0].n_heads, tokens.shape[1]) and (k.sum(-1) == budget).all()
+               and k[..., :sinks].all() for k in got["kept"])  # the final caches: full, sinks in
 
 
 def test_greedy_h2o_is_not_the_one_shot_variant_and_a_large_budget_loses_nothing():
@@ -83,6 +88,10 @@ def test_greedy_h2o_is_not_the_one_shot_variant_and_a_large_budget_loses_nothing
         decode_eval(model, tokens, p, "h2o", budget=3, recent=4)
     with pytest.raises(ValueError):
         decode_eval(model, tokens, tokens.shape[1] - 1, "h2o", budget=6)
+    with pytest.raises(ValueError, match="sinks"):
+        decode_eval(model, tokens, p, "h2o", budget=6, recent=2, sinks=5)  # 6 keys, 2 recent: 4 sinks at most
+    assert not torch.equal(decode_eval(model, tokens, p, "window", budget=6, sinks=2)["logits"],
+                           decode_eval(model, tokens, p, "window", budget=6)["logits"])  # the sinks change the cache
 
 
 def test_free_running_feeds_back_the_models_own_greedy_tokens():

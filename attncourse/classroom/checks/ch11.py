@@ -1,8 +1,8 @@
 """Checks for chapter 11, long context in practice (solutions/11_long_context.ipynb).
 
 Expected values come from the package's reference implementations (block_sparse.tile_states, the paged cache,
-chapter 08's merge, paged_attention, ring_bytes_per_rank, the scheduler) or from dense attention over the same pairs, never
-from a copy of a solution.
+chapter 08's merge, paged_attention, the ring itself with its sends counted (ch11_ring), the scheduler) or from
+dense attention over the same pairs, never from a copy of a solution.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import torch
 from attncourse.block_sparse import tile_states
 from attncourse.online_softmax import AttentionState, finalize_attention_state, merge_attention_states
 from attncourse.paged_cache import PagedKVCache, paged_attention
-from attncourse.ring import ring_bytes_per_rank
 from attncourse.scheduler import random_workload, simulate
 from . import Case, edits, exercise
 from .ch11_given import FIX_PAGED, _breaker_rewrite_paged
+from .ch11_ring import ring_bytes_measured
 
 # The configuration of the prediction: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
 RING_CONFIG = dict(batch=1, n_kv_heads=8, seq_len=131072, head_dim=128, world_size=8, bytes_per_element=2)
@@ -310,18 +310,6 @@ def _paged_alibi_cases():
 # ----------------------------------------------------------------------------- 5. predict the ring's bytes
 
 
-def ring_backward_bytes(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
-    """Bytes one rank sends in ring_attention's backward ring (RingAttentionFunction.backward), gradients in the
-    inputs' dtype, counted by walking that function's steps."""
-    block = ring_bytes_per_rank(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element) \
-        // (2 * (world_size - 1))  # one (B, Hkv, T/W, D) block
-    sent = 0
-    for step in range(world_size):
-        sent += 2 * block * (step < world_size - 1)  # what travels ahead of the step's compute
-        sent += 2 * block  # what travels after it
-    return sent
-
-
 @exercise("11-ring-bytes", "ring_prediction", points=1, category="predict",
           parts=("bytes one rank sends in the backward ring", "bytes one rank sends in the forward and backward rings"),
           forbid=("attncourse.ring.ring_bytes_per_rank", "attncourse.ring.ulysses_bytes_per_rank"),
@@ -344,9 +332,9 @@ def _ring_bytes():
         configs.append((", ".join(f"{k}={v}" for k, v in cfg.items()), cfg))
     cases = []
     for name, cfg in configs:
-        backward = ring_backward_bytes(**cfg)
+        forward, backward = ring_bytes_measured(**cfg)  # counted at dist.isend in the ring itself (ch11_ring)
         cases.append(Case(f"(backward, forward + backward) bytes per rank for {name}", tuple(cfg.values()),
-                          expected=(backward, backward + ring_bytes_per_rank(**cfg)), compare="equal"))
+                          expected=(backward, forward + backward), compare="equal"))
     return cases
 
 
