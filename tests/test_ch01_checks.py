@@ -184,7 +184,13 @@ def test_padding_mask_routes(tmp_path, monkeypatch):
         w = torch.softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1)
         return w.nan_to_num(0.0)
 
-    for route in (aten_safe, private_safe, masked, course, sparse):
+    def masked_api(scores, lengths):  # PyTorch's public masked softmax: Python in torch/masked, then F.softmax
+        return torch.masked.softmax(scores, -1, mask=real(scores, lengths)).nan_to_num(0.0)
+
+    def masked_api_log(scores, lengths):
+        return torch.masked.log_softmax(scores, 1, mask=real(scores, lengths)).exp().nan_to_num(0.0)
+
+    for route in (aten_safe, private_safe, masked, course, sparse, masked_api, masked_api_log):
         refused("01-padding-mask", route, tmp_path, monkeypatch)
     accepted("01-padding-mask", mine, tmp_path, monkeypatch)
 

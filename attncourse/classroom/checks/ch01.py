@@ -190,6 +190,12 @@ def _shortcut_aten_safe_softmax(scores, lengths):
     return torch.ops.aten._safe_softmax(scores.masked_fill(~mask, float("-inf")), -1)
 
 
+def _shortcut_masked_api(scores, lengths):
+    """PyTorch's public masked softmax, torch.masked.softmax (True marks what is kept): refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return torch.masked.softmax(scores, -1, mask=mask).nan_to_num(0.0)
+
+
 def _shortcut_masked_softmax(scores, lengths):
     """PyTorch's private masked softmax (True marks what is masked): refused."""
     mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
@@ -219,9 +225,10 @@ def _shortcut_fused(scores, lengths):
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
-                         "aten::_sparse_log_softmax"),
+                         "aten::_sparse_log_softmax",  # and torch.masked's softmax family, judged by name:
+                         "aten::masked_log_softmax", "aten::masked_softmin"),
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
-                     _shortcut_sparse, _shortcut_fused),
+                     _shortcut_masked_api, _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
                    "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
                    "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
