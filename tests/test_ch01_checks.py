@@ -122,8 +122,35 @@ def test_additive_score_routes(tmp_path, monkeypatch):
             return m.score(query, keys)
 
     refused("01-additive-score", lesson_loop, tmp_path, monkeypatch, why="not the way")
+    def lesson_formula_vmapped(query, keys, W_q, W_k, v):  # the review's route: the lesson's cell inside vmap
+        return torch.vmap(torch.vmap(lambda s, h: v @ torch.tanh(W_q @ s + W_k @ h), in_dims=(None, 0)),
+                          in_dims=(0, 0))(query, keys)
+
+    def func_vmap(query, keys, W_q, W_k, v):  # the same under torch.func's name
+        from torch.func import vmap
+        return vmap(lambda s, h: torch.tanh(W_q @ s + h @ W_k.T) @ v)(query, keys)
+
     refused("01-additive-score", module_with_weights, tmp_path, monkeypatch)
+    refused("01-additive-score", lesson_formula_vmapped, tmp_path, monkeypatch)
+    refused("01-additive-score", func_vmap, tmp_path, monkeypatch)
     accepted("01-additive-score", _scores, tmp_path, monkeypatch)
+
+
+def test_query_influence_prediction_is_judged_whole(tmp_path, monkeypatch):
+    right = {"tanh": True, "linear": False, "relu": True, "separate": False, "product": True}
+    accepted("01-query-influence-predict", lambda: dict(right), tmp_path, monkeypatch)
+    for flip in right:  # one part wrong: told only that the prediction is wrong
+        cell, (status, message) = _verdicts("01-query-influence-predict", lambda: {**right, flip: not right[flip]},
+                                            tmp_path, monkeypatch)
+        assert cell is not None and "not right" in cell and status == "failed" and flip not in cell.split("hint")[0]
+    cell, _ = _verdicts("01-query-influence-predict", lambda: {**right, "tanh": 1}, tmp_path, monkeypatch)
+    assert "True or False" in cell  # the form is explained
+
+    def measured():  # computing the answer inside the prediction: refused
+        w = torch.softmax(torch.randn(3, 4), -1)
+        return {name: bool(w.std() > 0) for name in right}
+
+    refused("01-query-influence-predict", measured, tmp_path, monkeypatch)
 
 
 def test_find_the_bug_routes(tmp_path, monkeypatch):

@@ -101,8 +101,13 @@ def test_general_score_routes(tmp_path, monkeypatch):
             m.W.weight.copy_(W)
             return m.score(query, keys)
 
+    def double_loop(query, keys, W):  # the review's route: one score at a time, through Python floats
+        return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
+                             for b in range(keys.shape[0])], dtype=query.dtype)
+
     refused("02-general-score", aten_bilinear, tmp_path, monkeypatch)
     refused("02-general-score", module, tmp_path, monkeypatch)
+    refused("02-general-score", double_loop, tmp_path, monkeypatch, why="loop")
     accepted("02-general-score", lambda query, keys, W: torch.einsum("bd,de,bte->bt", query, W, keys), tmp_path,
              monkeypatch)
 

@@ -95,11 +95,21 @@ def _breaker_batch_loop(query, keys, W_q, W_k, v):
     return torch.stack([torch.tanh(W_q @ query[b] + keys[b] @ W_k.T) @ v for b in range(keys.shape[0])])
 
 
+def _shortcut_vmap(query, keys, W_q, W_k, v):
+    """The lesson's per-position formula batched by torch.vmap: the broadcast the exercise teaches is left to
+    PyTorch's batching transform, so it is refused."""
+    one = lambda s, h: v @ torch.tanh(W_q @ s + W_k @ h)  # noqa: E731  (Dq,), (Dk,) -> ()
+    return torch.vmap(torch.vmap(one, in_dims=(None, 0)), in_dims=(0, 0))(query, keys)
+
+
 @exercise("01-additive-score", "additive_scores", points=2, category="implement",
-          forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
-          allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat),
-          prop=_no_loop, prop_doc="no Python loop: the number of operations does not grow with the batch or the "
-                                  "number of source positions",
+          forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
+                  "torch.vmap", "torch._functorch.vmap.vmap_impl"),
+          allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat, _shortcut_vmap),
+          prop=_no_loop, prop_doc="no Python loop and no batching transform: the number of operations does not grow "
+                                  "with the batch or the number of source positions, and torch.vmap (which would "
+                                  "batch the lesson's per-position formula without the broadcast this exercise "
+                                  "teaches) is refused",
           breakers=(_breaker_double_loop, _breaker_position_loop, _breaker_batch_loop),
           hint="project the query once and every key once, then let broadcasting pair each query projection with "
                "all T key projections (give the query a length-one axis where the keys have T); squash, then read "
@@ -347,6 +357,35 @@ def variant_weights_reference(queries, keys, W_q, W_k, v):
         "product": (q[:, None] * k) @ v,  # v^T (W_q s * W_k h_j), elementwise
     }
     return tuple(torch.softmax(scores[name], dim=-1) for name in VARIANTS)  # over the T positions
+
+
+def query_moves_weights_reference() -> dict:
+    """For each variant of VARIANTS, whether the query changes the weights: measured on drawn queries and keys."""
+    gen = torch.Generator().manual_seed(99)
+    queries, keys = torch.randn(40, 8, generator=gen, dtype=torch.float64), torch.randn(9, 8, generator=gen,
+                                                                                         dtype=torch.float64)
+    w_q, w_k = (torch.randn(6, 8, generator=gen, dtype=torch.float64) / 8**0.5 for _ in range(2))
+    v = torch.randn(6, generator=gen, dtype=torch.float64)
+    tables = variant_weights_reference(queries, keys, w_q, w_k, v)
+    return {name: _weight_spread(w) > 1e-9 for name, w in zip(VARIANTS, tables)}
+
+
+@exercise("01-query-influence-predict", "query_moves_weights", points=1, category="predict", parts=VARIANTS,
+          forbid=("attncourse.classroom.checks.ch01.variant_weights_reference",),
+          allow=(), ops=("torch", "numpy"),
+          prop_doc="the prediction is five yes-or-no answers written down before any weights are computed (the "
+                   "function may run no tensor or NumPy operation), judged as a whole: 32 possible answers, none "
+                   "told apart from another by the feedback",
+          hint="write each variant's score as a part that depends on the query alone plus a part that depends on "
+               "position j alone, if you can: what does a softmax do with a number added to every score of a row? "
+               "For the variants where no such split exists, ask whether the query can change which position scores "
+               "highest")
+def _query_influence_predict():
+    """Predict, before measuring, for which of the five score variants the query can change the weights."""
+    return [Case("for each variant, can the query change the weights (True or False)?", (),
+                 expected=query_moves_weights_reference(),
+                 compare=whole("a dict with True or False for each of " + ", ".join(repr(v) for v in VARIANTS),
+                               kind="flags"))]
 
 
 @exercise("01-query-influence", "variant_weights", points=2, category="experiment",

@@ -11,6 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, edits, exercise
+from .ch01 import _no_loop
 from .predictions import whole
 
 
@@ -50,13 +51,32 @@ def _shortcut_aten_bilinear(query, keys, W):
     return torch.ops.aten.bilinear(q, keys, W[None], None).squeeze(-1)
 
 
+def _breaker_double_loop(query, keys, W):
+    """One score at a time, read out into Python and packed again: right values, not a batched score."""
+    return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
+                         for b in range(keys.shape[0])], dtype=query.dtype)
+
+
+def _breaker_batch_loop(query, keys, W):
+    """Every position at once, but one sequence at a time."""
+    return torch.stack([keys[b] @ (W.T @ query[b]) for b in range(keys.shape[0])])
+
+
+def _breaker_position_loop(query, keys, W):
+    """Batched over sequences, one position at a time."""
+    q = query @ W  # (B, Dk)
+    return torch.stack([(q * keys[:, j]).sum(-1) for j in range(keys.shape[1])], dim=1)
+
+
 @exercise("02-general-score", "general_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
                   "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear"),
           allow=(), ops=("attention", "aten::bilinear", "aten::_trilinear"),
           shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear),
-          prop_doc="output equality is the property: s^T W h_j for every sequence and position, in whichever order "
-                   "the products run",
+          prop=_no_loop, breakers=(_breaker_double_loop, _breaker_batch_loop, _breaker_position_loop),
+          prop_doc="no Python loop: s^T W h_j for every sequence and position as batched products (in whichever "
+                   "order they run), so the number of operations does not grow with the batch or the number of "
+                   "source positions",
           hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
                "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
                "the batch axis apart from the positions")
@@ -68,6 +88,8 @@ def _general():
         "B=2, T=5, Dq=Dk=4": (2, 5, 4, 4),
         "query and key sizes differ (Dq=3, Dk=7)": (3, 6, 3, 7),
         "a single source position (T=1)": (2, 1, 5, 2),
+        "long sequences (B=2, T=40)": (2, 40, 4, 6),
+        "a larger batch (B=16, T=5)": (16, 5, 6, 4),
     }.items():
         q, k = _qk(gen, b, t, dq, dk)
         w = torch.randn(dq, dk, generator=gen, dtype=torch.float64)
