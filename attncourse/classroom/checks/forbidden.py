@@ -53,8 +53,7 @@ FAMILIES = {
     "attention": re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|"
                             r"multi_head_attention|flex_attention|fused_sdp|transformer_encoder_layer|"
                             r"native_multi_head|triton_multi_head|sdpa)"),
-    "softmax": re.compile(r"^((safe|masked|sparse|log|sparse_log|masked_log)_)?softmax|^(masked_)?softmin|"
-                          r"^gumbel_softmax"),
+    "softmax": re.compile(r"^((safe|masked|sparse|log|sparse_log)_)?softmax|^softmin|^gumbel_softmax"),
     "logsumexp": re.compile(r"^(logsumexp|logaddexp2?|logcumsumexp)"),
     "torch": re.compile(r"."),  # any operator: an answer that must use NumPy alone
     "numpy": re.compile(r"(?!)"),  # no PyTorch operator: NumPy itself, for an answer that is a rule in plain Python
@@ -452,8 +451,7 @@ def _system_dirs():
     return _SYSTEM
 
 
-_PLACES = {}
-_MASKED = os.sep + os.path.join("torch", "masked") + os.sep  # torch.masked's Python (softmax, log_softmax, ...)
+_PLACES, _MASKED = {}, os.sep + os.path.join("torch", "masked") + os.sep  # torch.masked's Python: softmax, ...
 # PyTorch's Python entry points to operators (``torch.ops.aten.X``, ``F.X``): entered from the answer with the watch
 # off, they are the answer's doing. (Elsewhere PyTorch calls its own Python back from C++ with the modes popped
 # while it handles an operator; that is not the answer's doing, and a builtin the answer calls is checked anyway.)
@@ -608,9 +606,7 @@ class Guard:
         if place.startswith("package:"):
             return "package" if place[8:] in self.packages else "other"
         if place == "torch":
-            name = code.co_name  # torch.masked's functions are judged as what they are: masked_softmax, ...
-            if _MASKED in code.co_filename:
-                name = "masked_" + name
+            name = ("masked_" if _MASKED in code.co_filename else "") + code.co_name  # torch.masked.softmax: masked_...
             if "torch" in self.packages or (self.families and family_of(name, self.families)):
                 return "torchjob"
             return "torch"
