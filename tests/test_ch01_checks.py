@@ -56,7 +56,7 @@ def test_padding_mask_refuses_nan_rows():
 
 
 def test_query_influence_tells_the_variants_apart():
-    from attncourse.classroom.checks.ch01 import VARIANTS, _weight_spread
+    from attncourse.classroom.checks.ch01_influence import VARIANTS, _weight_spread
 
     def tanh_everywhere(queries, keys, W_q, W_k, v):  # every variant scored like the first: the check must notice
         w = torch.softmax(torch.tanh((queries @ W_q.T)[:, None] + keys @ W_k.T) @ v, dim=-1)  # (N, T)
@@ -223,7 +223,7 @@ def test_padding_mask_routes(tmp_path, monkeypatch):
 
 
 def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
-    from attncourse.classroom.checks.ch01 import variant_weights_reference
+    from attncourse.classroom.checks.ch01_influence import variant_weights_reference
 
     def reference(*args):
         return variant_weights_reference(*args)
@@ -319,13 +319,14 @@ def rule_prediction_routes(exercise_id, right, tmp_path, monkeypatch, measured=(
     assert "not right" in message and all(f"wrong: {name}" not in message for name in (ex.parts or list(printed)))
 
 
-def _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
-    annotations = (batch, source_len, 2 * encoder_size)  # both directions' states side by side
-    return (annotations, (batch, target_len, source_len), (batch, target_len, 2 * encoder_size),
-            (batch, target_len, decoder_size + 2 * encoder_size))
+def _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, directions):
+    annotations = (batch, source_len, directions * encoder_size)  # each direction's state, side by side
+    return (annotations, (batch, target_len, source_len), (batch, target_len, directions * encoder_size),
+            (batch, target_len, decoder_size + directions * encoder_size))
 
 
-def _shapes_by_model(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+def _shapes_by_model(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                     directions):
     """The review's route: the gated verify cell's measurement, run inside the answer."""
     from attncourse.seq2seq import Seq2SeqConfig, build_model
     model = build_model("additive", Seq2SeqConfig(embed_size=embed_size, encoder_size=encoder_size,
@@ -343,27 +344,37 @@ def _shapes_by_checker(*args):
     return measured_shapes(*args)
 
 
-def _shapes_by_torch_gru(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+def _shapes_by_torch_gru(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                         directions):
     """PyTorch's GRU alone (no course code): still a measurement, refused as a tensor operation."""
-    gru = torch.nn.GRU(embed_size, encoder_size, batch_first=True, bidirectional=True)
+    gru = torch.nn.GRU(embed_size, encoder_size, batch_first=True, bidirectional=directions == 2)
     width = gru(torch.zeros(batch, source_len, embed_size))[0].shape[-1]
-    return _shapes_rule(batch, source_len, target_len, embed_size, width // 2, decoder_size, attention_size)
+    return _shapes_rule(batch, source_len, target_len, embed_size, width // directions, decoder_size, attention_size,
+                        directions)
 
 
-def _shapes_one_direction(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
-    return ((batch, source_len, encoder_size), (batch, target_len, source_len), (batch, target_len, encoder_size),
-            (batch, target_len, decoder_size + encoder_size))
+def _shapes_read_off_the_lesson(batch, source_len, target_len, embed_size, encoder_size, decoder_size,
+                                attention_size, directions):
+    """The rule a learner reads off measurements of the lesson's model (always bidirectional): right on every
+    configuration the lesson's model can be built for, wrong on an encoder that reads one way."""
+    return _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, 2)
+
+
+def _shapes_one_direction(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                          directions):
+    return _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, 1)
 
 
 def _shapes_weights_transposed(batch, source_len, target_len, embed_size, encoder_size, decoder_size,
-                               attention_size):  # right whenever the two lengths are equal, as in the lesson
-    a, w, c, o = _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size)
+                               attention_size, directions):  # right whenever the two lengths are equal, as in the lesson
+    a, w, c, o = _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                              directions)
     return a, (batch, source_len, target_len), c, o
 
 
 def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
     rule_prediction_routes("01-predict-shapes", _shapes_rule, tmp_path, monkeypatch,
                            measured=(_shapes_by_model, _shapes_by_checker, _shapes_by_torch_gru),
-                           wrong=(_shapes_one_direction, _shapes_weights_transposed))
+                           wrong=(_shapes_one_direction, _shapes_weights_transposed, _shapes_read_off_the_lesson))
     with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
         checks.check("01-predict-shapes", lambda *args: ((8, 13, 64), (8, 13, 13)))
