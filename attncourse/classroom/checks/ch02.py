@@ -100,7 +100,8 @@ def _general():
 
 # ----------------------------------------------------------------------------- 2. predict: parameter counts
 
-SIZES = dict(query_size=64, key_size=48, hidden_size=32)
+SIZES = dict(query_size=64, key_size=48, hidden_size=32, rank=16)
+SCORE_KEYS = ("dot", "general", "concat", "additive", "factored")
 
 
 def count_with_biases(module: torch.nn.Module) -> int:
@@ -109,14 +110,18 @@ def count_with_biases(module: torch.nn.Module) -> int:
                if isinstance(layer, torch.nn.Linear))
 
 
-def counted_parameters(query_size: int, key_size: int, hidden_size: int) -> dict:
+def counted_parameters(query_size: int, key_size: int, hidden_size: int, rank: int) -> dict:
     """Parameters of each score at these sizes, every nn.Linear layer with a bias, counted on the package's modules
-    (None where a score cannot be built)."""
+    (None where a score cannot be built), and on a Transformer head's two projections to `rank` for "factored"
+    ((W_q s + b_q)^T (W_k h + b_k), the general score with a factored W: no package module has it)."""
+    with torch.random.fork_rng():
+        factored = torch.nn.ModuleList([torch.nn.Linear(query_size, rank), torch.nn.Linear(key_size, rank)])
     counted = {
         "dot": count_with_biases(LuongAttention(query_size, key_size, "dot")) if query_size == key_size else None,
         "general": count_with_biases(LuongAttention(query_size, key_size, "general")),
         "concat": count_with_biases(LuongAttention(query_size, key_size, "concat", hidden_size=hidden_size)),
         "additive": count_with_biases(AdditiveAttention(query_size, key_size, hidden_size)),
+        "factored": count_with_biases(factored),
     }
     assert counted["general"] == score_parameter_count("general", query_size, key_size) + query_size  # W h + b
     assert counted["additive"] == counted["concat"] + hidden_size  # one more bias vector of size A
@@ -127,27 +132,29 @@ def counted_parameters(query_size: int, key_size: int, hidden_size: int) -> dict
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
                   "attncourse.rnn_attention.score_parameter_count"),
           allow=(), ops=("torch",),
-          prop_doc="the prediction is a count in plain integers, written as a function of the three sizes so that "
+          prop_doc="the prediction is a count in plain integers, written as a function of the four sizes so that "
                    "no module or package call can stand in for it (building a layer runs tensor operations, which "
                    "are refused): equal counts on the exercise's sizes and on sizes drawn from a seed (the grader "
-                   "draws others, one of them with equal query and key sizes) are the skill",
+                   "draws others, one of them with equal query and key sizes) are the skill; the factored score "
+                   "has no module in the package, so counts read off the lesson's modules cannot give it",
           hint="count every entry of every matrix and vector each score owns, then one bias entry per output of each "
                "of its layers: how many layers does each score have, and how many outputs each? Concat and additive "
                "own the same weights arranged differently, but not the same layers. And can every score be built "
                "when the query and the keys have different sizes, and what does it own when they are equal?")
 def _counts():
-    """Parameters of each score, every layer with a bias, as a function of (query_size, key_size, hidden_size)."""
+    """Parameters of each score, every layer with a bias, as a function of (query_size, key_size, hidden_size,
+    rank)."""
     gen = torch.Generator().manual_seed(22)  # two more size triples, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
     sizes = [("the exercise's: a query of 64, keys of 48", tuple(SIZES.values()))]
     same = 4 * pick(1, 32)
-    sizes.append((f"equal query and key sizes ({same})", (same, same, 4 * pick(1, 24))))
+    sizes.append((f"equal query and key sizes ({same})", (same, same, 4 * pick(1, 24), 4 * pick(1, 8))))
     dq, dk = 4 * pick(1, 32), 4 * pick(1, 32)
     dk = dk if dk != dq else dq + 4
-    sizes.append((f"a query of {dq}, keys of {dk}", (dq, dk, 4 * pick(1, 24))))
-    return [Case(f"parameter counts by score, with biases, for {name}, a tanh layer of {args[2]}", args,
+    sizes.append((f"a query of {dq}, keys of {dk}", (dq, dk, 4 * pick(1, 24), 4 * pick(1, 8))))
+    return [Case(f"parameter counts by score, with biases, for {name}, a tanh layer of {args[2]}, rank {args[3]}", args,
                  expected=counted_parameters(*args),
-                 compare=whole("a dict with an int (or None) for each of 'dot', 'general', 'concat', 'additive'",
+                 compare=whole("a dict with an int (or None) for each of " + ", ".join(map(repr, SCORE_KEYS)),
                                kind="dict"))
             for name, args in sizes]
 
