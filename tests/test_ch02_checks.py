@@ -223,3 +223,18 @@ def test_parameter_counts_are_a_rule(tmp_path, monkeypatch):
                            wrong=(_counts_no_dot_when_equal, _counts_concat_like_additive, _counts_factored_as_full))
     with pytest.raises(checks.CheckFailed, match="no entry for 'concat'"):  # the form is still explained
         checks.check("02-parameter-counts", lambda *args: {"dot": None, "general": 1, "additive": 2})
+
+
+def test_init_width_prediction_is_a_rule(tmp_path, monkeypatch):
+    def rule(dq, dk, sq, sk):  # the variance argument, in plain Python
+        return ((sq**2 + sk**2) * (dq + dk) / (dq * sq**2 + dk * sk**2)) ** 0.5
+
+    def measured(dq, dk, sq, sk):  # building the modules and measuring inside the prediction: refused
+        return init_width_ratio_reference(torch.randn(64, dq) * sq, torch.randn(64, 9, dk) * sk, 32, 0)
+
+    from attncourse.classroom.checks.ch02 import init_width_ratio_reference, width_ratio_closed_form
+    accepted("02-init-width-predict", rule, tmp_path, monkeypatch)
+    refused("02-init-width-predict", measured, tmp_path, monkeypatch)
+    refused("02-init-width-predict", lambda *args: width_ratio_closed_form(*args), tmp_path, monkeypatch)
+    cell, _ = _verdicts("02-init-width-predict", lambda *args: 2 ** 0.5, tmp_path, monkeypatch)  # the equal-size value
+    assert cell is not None and "not right" in cell and "1.41" not in cell.split("hint")[0]

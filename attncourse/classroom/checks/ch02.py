@@ -280,6 +280,37 @@ def init_width_ratio_reference(queries, keys, hidden_size, seed):
     return rms["additive"] / rms["concat"]
 
 
+def width_ratio_closed_form(query_size: int, key_size: int, query_spread: float, key_spread: float) -> float:
+    """Additive's tanh-input RMS over concat's at PyTorch's default initialisation (weights uniform in
+    +-1/sqrt(fan-in), variance 1/(3 fan-in)), for independent zero-mean inputs of these spreads: additive's variance
+    (sq^2 + sk^2)/3, concat's (Dq sq^2 + Dk sk^2)/(3 (Dq + Dk)). The experiment's cases check it within 12%."""
+    sq2, sk2 = query_spread**2, key_spread**2
+    return ((sq2 + sk2) * (query_size + key_size) / (query_size * sq2 + key_size * sk2)) ** 0.5
+
+
+@exercise("02-init-width-predict", "predicted_width_ratio", points=1, category="predict", parts=("ratio",),
+          allow=(), ops=("torch", "numpy"),
+          prop_doc="the prediction is the expected ratio as a rule in plain Python, a function of the two sizes and "
+                   "the two spreads, judged on the exercise's three settings and on drawn ones (the grader draws "
+                   "others): no module can be built or run inside it, so it must come from the initialisation's "
+                   "variance, before the experiment measures it",
+          hint="write the variance of one weight drawn uniformly between minus and plus one over the square root of "
+               "its layer's fan-in; then the variance of one tanh input as a sum of independent products (weight "
+               "times input), for each module: "
+               "how many terms, and which fan-in divides each? The ratio of root mean squares is the square root of "
+               "the ratio of variances")
+def _init_width_predict():
+    """Predict, as a function of (query_size, key_size, query_spread, key_spread), how much wider additive's tanh
+    input starts than concat's."""
+    gen = torch.Generator().manual_seed(23)  # three more settings, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    settings = [(64, 64, 1.0, 1.0), (64, 16, 1.0, 0.2), (64, 16, 0.2, 1.0)]
+    settings += [(4 * pick(1, 32), 4 * pick(1, 32), pick(1, 20) / 10, pick(1, 20) / 10) for _ in range(3)]
+    return [Case(f"Dq={dq}, Dk={dk}, query spread {sq}, key spread {sk}", (dq, dk, sq, sk),
+                 expected=width_ratio_closed_form(dq, dk, sq, sk), rtol=1e-6, atol=1e-9)
+            for dq, dk, sq, sk in settings]
+
+
 @exercise("02-init-width", "init_width_ratio", points=2, category="experiment",
           allow=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
           hint="seed, build one module, read its weights; seed again, build the other. Each tanh input is the "
