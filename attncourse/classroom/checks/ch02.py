@@ -284,8 +284,8 @@ def width_ratio_closed_form(query_size: int, key_size: int, query_spread: float,
     """Additive's tanh-input RMS over concat's at PyTorch's default initialisation (weights uniform in
     +-1/sqrt(fan-in), variance 1/(3 fan-in)), for independent zero-mean inputs of these spreads: additive's variance
     (sq^2 + sk^2)/3, concat's (Dq sq^2 + Dk sk^2)/(3 (Dq + Dk)). The experiment's cases check it within 12%."""
-    sq2, sk2 = query_spread**2, key_spread**2
-    return ((sq2 + sk2) * (query_size + key_size) / (query_size * sq2 + key_size * sk2)) ** 0.5
+    var_q, var_k = query_spread * query_spread, key_spread * key_spread  # the inputs' variances
+    return ((var_q + var_k) * (query_size + key_size) / (query_size * var_q + key_size * var_k)) ** 0.5
 
 
 @exercise("02-init-width-predict", "predicted_width_ratio", points=1, category="predict", parts=("ratio",),
