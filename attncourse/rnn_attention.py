@@ -287,3 +287,60 @@ class LocalPAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"query_size={self.query_size}, key_size={self.key_size}, window={self.window}"
+
+
+class LocationAttention(nn.Module):
+    r"""Luong et al.'s *location* score (section 3.1): weights from the decoder state alone,
+    :math:`a_t = \mathrm{softmax}(W_a s_t)`, one learned score per source position up to `max_len`; the keys are
+    not read. Positions past a row's length (padding) get weight 0 through `mask`, as in :func:`attend`.
+
+    Args:
+        query_size: :math:`D_q`, the decoder state's size.
+        key_size: :math:`D_k`, the size of one annotation (checked; the score ignores the annotations).
+        max_len: the longest source this module can score (the rows of :math:`W_a`).
+
+    Parameters: :math:`D_q \cdot` `max_len` (no bias, as in the paper's formula).
+    """
+
+    def __init__(self, query_size: int, key_size: int, max_len: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.max_len = _validate.positive_int("max_len", max_len)
+        self.W_a = nn.Linear(query_size, max_len, bias=False)  # one score per source position
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores (B, T) for `query` (B, Dq), (B, Tq, T) for (B, Tq, Dq); `keys` (B, T, Dk) give only T."""
+        t = keys.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"keys have {t} positions, more than max_len={self.max_len}: the location score "
+                             f"has one weight row per position, got keys {tuple(keys.shape)}")
+        return _unrows(self.W_a(_rows(query))[..., :t], query)  # (B, Tq, Dq) -> (B, Tq, max_len) -> (B, Tq, T)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        return attend(self.score(query, keys), values, mask)
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}, max_len={self.max_len}"
+
+
+class MeanAttention(nn.Module):
+    """No attention to learn: the context is the plain mean of the real (unmasked) annotations, the same at every
+    decoder step (a control for chapter 01: the output layer reads a summary of the source at every step, but no
+    step can choose what to read). Weights are ``1 / length`` at real positions, 0 at padding; no parameters."""
+
+    def __init__(self, query_size: int, key_size: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        scores = keys.new_zeros(_rows(query).shape[:2] + keys.shape[1:2])  # (B, Tq, T): equal scores
+        return attend(_unrows(scores, query), values, mask)  # softmax of equal scores: uniform over real positions
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}"

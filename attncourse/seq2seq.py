@@ -37,13 +37,14 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import _validate
-from .rnn_attention import AdditiveAttention, LocalPAttention, LuongAttention
+from .rnn_attention import AdditiveAttention, LocalPAttention, LocationAttention, LuongAttention, MeanAttention
 
 PAD, SOS = 0, 1  # token ids; digit d is token d + 2
 ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
 # local-p: Luong's local attention with a predicted position on that decoder (weights sum to at most 1);
 # bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
-MORE_KINDS = ("local-p", "bahdanau", "general-identity")
+# location: Luong's score from the decoder state alone; mean: the plain mean of the annotations (a control)
+MORE_KINDS = ("local-p", "bahdanau", "general-identity", "location", "mean")
 
 
 class Batch(NamedTuple):
@@ -126,6 +127,10 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
     if kind == "local-p":
         return LocalPAttention(config.decoder_size, config.key_size, config.local_window,
                                hidden_size=config.attention_size)
+    if kind == "location":
+        return LocationAttention(config.decoder_size, config.key_size, config.max_len)
+    if kind == "mean":
+        return MeanAttention(config.decoder_size, config.key_size)
     if kind == "bahdanau":
         return AdditiveAttention(config.decoder_size, config.key_size, config.attention_size)
     if kind == "general-identity":  # general with W = I at initialisation: exactly the dot score at step 0

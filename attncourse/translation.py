@@ -114,5 +114,31 @@ def translate(model: Seq2Seq, corpus: Corpus, english: list[str], max_len: int =
     return [corpus.words[i] for i in out[:n]], (weights[0, :n] if weights is not None else None)
 
 
-__all__ = ["CORPUS", "Corpus", "EOS", "UNK", "load_corpus", "config_for", "loss_on", "train_translation",
+def chrf(hypotheses: list[str], references: list[str], order: int = 6, beta: float = 2.0) -> float:
+    """Corpus-level chrF (Popovic 2015), as sacrebleu computes it by default: character n-grams of orders 1 to
+    `order` with spaces removed, counts summed over all sentences, an F-score with recall weighted `beta` times
+    precision for each order, averaged over the orders that have n-grams on both sides; 0-100."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"hypotheses and references must have the same length, got {len(hypotheses)} and "
+                         f"{len(references)}")
+    stats = [[0, 0, 0] for _ in range(_validate.positive_int("order", order))]  # per order: hyp, ref, matched
+    for hyp, ref in zip(hypotheses, references):
+        h, r = hyp.replace(" ", ""), ref.replace(" ", "")
+        for n in range(1, order + 1):
+            hc = Counter(h[i:i + n] for i in range(len(h) - n + 1))
+            rc = Counter(r[i:i + n] for i in range(len(r) - n + 1))
+            stats[n - 1][0] += sum(hc.values())
+            stats[n - 1][1] += sum(rc.values())
+            stats[n - 1][2] += sum((hc & rc).values())
+    eps, b2, total, orders = 1e-16, beta**2, 0.0, 0
+    for n_hyp, n_ref, n_match in stats:
+        prec = n_match / n_hyp if n_hyp > 0 else eps
+        rec = n_match / n_ref if n_ref > 0 else eps
+        denom = b2 * prec + rec
+        total += (1 + b2) * prec * rec / denom if denom > 0 else eps
+        orders += n_hyp > 0 and n_ref > 0
+    return 100 * total / orders if orders else 0.0
+
+
+__all__ = ["CORPUS", "Corpus", "EOS", "UNK", "chrf", "load_corpus", "config_for", "loss_on", "train_translation",
            "translate", "tokenize"]

@@ -56,7 +56,7 @@ def test_padding_mask_refuses_nan_rows():
 
 
 def test_query_influence_tells_the_variants_apart():
-    from attncourse.classroom.checks.ch01 import VARIANTS, _weight_spread
+    from attncourse.classroom.checks.ch01_influence import VARIANTS, _weight_spread
 
     def tanh_everywhere(queries, keys, W_q, W_k, v):  # every variant scored like the first: the check must notice
         w = torch.softmax(torch.tanh((queries @ W_q.T)[:, None] + keys @ W_k.T) @ v, dim=-1)  # (N, T)
@@ -122,8 +122,35 @@ def test_additive_score_routes(tmp_path, monkeypatch):
             return m.score(query, keys)
 
     refused("01-additive-score", lesson_loop, tmp_path, monkeypatch, why="not the way")
+    def lesson_formula_vmapped(query, keys, W_q, W_k, v):  # the review's route: the lesson's cell inside vmap
+        return torch.vmap(torch.vmap(lambda s, h: v @ torch.tanh(W_q @ s + W_k @ h), in_dims=(None, 0)),
+                          in_dims=(0, 0))(query, keys)
+
+    def func_vmap(query, keys, W_q, W_k, v):  # the same under torch.func's name
+        from torch.func import vmap
+        return vmap(lambda s, h: torch.tanh(W_q @ s + h @ W_k.T) @ v)(query, keys)
+
     refused("01-additive-score", module_with_weights, tmp_path, monkeypatch)
+    refused("01-additive-score", lesson_formula_vmapped, tmp_path, monkeypatch)
+    refused("01-additive-score", func_vmap, tmp_path, monkeypatch)
     accepted("01-additive-score", _scores, tmp_path, monkeypatch)
+
+
+def test_query_influence_prediction_is_judged_whole(tmp_path, monkeypatch):
+    right = {"tanh": True, "linear": False, "relu": True, "separate": False, "product": True}
+    accepted("01-query-influence-predict", lambda: dict(right), tmp_path, monkeypatch)
+    for flip in right:  # one part wrong: told only that the prediction is wrong
+        cell, (status, message) = _verdicts("01-query-influence-predict", lambda: {**right, flip: not right[flip]},
+                                            tmp_path, monkeypatch)
+        assert cell is not None and "not right" in cell and status == "failed" and flip not in cell.split("hint")[0]
+    cell, _ = _verdicts("01-query-influence-predict", lambda: {**right, "tanh": 1}, tmp_path, monkeypatch)
+    assert "True or False" in cell  # the form is explained
+
+    def measured():  # computing the answer inside the prediction: refused
+        w = torch.softmax(torch.randn(3, 4), -1)
+        return {name: bool(w.std() > 0) for name in right}
+
+    refused("01-query-influence-predict", measured, tmp_path, monkeypatch)
 
 
 def test_find_the_bug_routes(tmp_path, monkeypatch):
@@ -184,13 +211,19 @@ def test_padding_mask_routes(tmp_path, monkeypatch):
         w = torch.softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1)
         return w.nan_to_num(0.0)
 
-    for route in (aten_safe, private_safe, masked, course, sparse):
+    def masked_api(scores, lengths):  # PyTorch's public masked softmax: Python in torch/masked, then F.softmax
+        return torch.masked.softmax(scores, -1, mask=real(scores, lengths)).nan_to_num(0.0)
+
+    def masked_api_log(scores, lengths):
+        return torch.masked.log_softmax(scores, 1, mask=real(scores, lengths)).exp().nan_to_num(0.0)
+
+    for route in (aten_safe, private_safe, masked, course, sparse, masked_api, masked_api_log):
         refused("01-padding-mask", route, tmp_path, monkeypatch)
     accepted("01-padding-mask", mine, tmp_path, monkeypatch)
 
 
 def test_query_influence_refuses_the_reference(tmp_path, monkeypatch):
-    from attncourse.classroom.checks.ch01 import variant_weights_reference
+    from attncourse.classroom.checks.ch01_influence import variant_weights_reference
 
     def reference(*args):
         return variant_weights_reference(*args)
@@ -286,13 +319,14 @@ def rule_prediction_routes(exercise_id, right, tmp_path, monkeypatch, measured=(
     assert "not right" in message and all(f"wrong: {name}" not in message for name in (ex.parts or list(printed)))
 
 
-def _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
-    annotations = (batch, source_len, 2 * encoder_size)  # both directions' states side by side
-    return (annotations, (batch, target_len, source_len), (batch, target_len, 2 * encoder_size),
-            (batch, target_len, decoder_size + 2 * encoder_size))
+def _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, directions):
+    annotations = (batch, source_len, directions * encoder_size)  # each direction's state, side by side
+    return (annotations, (batch, target_len, source_len), (batch, target_len, directions * encoder_size),
+            (batch, target_len, decoder_size + directions * encoder_size))
 
 
-def _shapes_by_model(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+def _shapes_by_model(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                     directions):
     """The review's route: the gated verify cell's measurement, run inside the answer."""
     from attncourse.seq2seq import Seq2SeqConfig, build_model
     model = build_model("additive", Seq2SeqConfig(embed_size=embed_size, encoder_size=encoder_size,
@@ -310,27 +344,37 @@ def _shapes_by_checker(*args):
     return measured_shapes(*args)
 
 
-def _shapes_by_torch_gru(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
+def _shapes_by_torch_gru(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                         directions):
     """PyTorch's GRU alone (no course code): still a measurement, refused as a tensor operation."""
-    gru = torch.nn.GRU(embed_size, encoder_size, batch_first=True, bidirectional=True)
+    gru = torch.nn.GRU(embed_size, encoder_size, batch_first=True, bidirectional=directions == 2)
     width = gru(torch.zeros(batch, source_len, embed_size))[0].shape[-1]
-    return _shapes_rule(batch, source_len, target_len, embed_size, width // 2, decoder_size, attention_size)
+    return _shapes_rule(batch, source_len, target_len, embed_size, width // directions, decoder_size, attention_size,
+                        directions)
 
 
-def _shapes_one_direction(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
-    return ((batch, source_len, encoder_size), (batch, target_len, source_len), (batch, target_len, encoder_size),
-            (batch, target_len, decoder_size + encoder_size))
+def _shapes_read_off_the_lesson(batch, source_len, target_len, embed_size, encoder_size, decoder_size,
+                                attention_size, directions):
+    """The rule a learner reads off measurements of the lesson's model (always bidirectional): right on every
+    configuration the lesson's model can be built for, wrong on an encoder that reads one way."""
+    return _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, 2)
+
+
+def _shapes_one_direction(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                          directions):
+    return _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size, 1)
 
 
 def _shapes_weights_transposed(batch, source_len, target_len, embed_size, encoder_size, decoder_size,
-                               attention_size):  # right whenever the two lengths are equal, as in the lesson
-    a, w, c, o = _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size)
+                               attention_size, directions):  # right whenever the two lengths are equal, as in the lesson
+    a, w, c, o = _shapes_rule(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                              directions)
     return a, (batch, source_len, target_len), c, o
 
 
 def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
     rule_prediction_routes("01-predict-shapes", _shapes_rule, tmp_path, monkeypatch,
                            measured=(_shapes_by_model, _shapes_by_checker, _shapes_by_torch_gru),
-                           wrong=(_shapes_one_direction, _shapes_weights_transposed))
+                           wrong=(_shapes_one_direction, _shapes_weights_transposed, _shapes_read_off_the_lesson))
     with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
         checks.check("01-predict-shapes", lambda *args: ((8, 13, 64), (8, 13, 13)))

@@ -101,8 +101,13 @@ def test_general_score_routes(tmp_path, monkeypatch):
             m.W.weight.copy_(W)
             return m.score(query, keys)
 
+    def double_loop(query, keys, W):  # the review's route: one score at a time, through Python floats
+        return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
+                             for b in range(keys.shape[0])], dtype=query.dtype)
+
     refused("02-general-score", aten_bilinear, tmp_path, monkeypatch)
     refused("02-general-score", module, tmp_path, monkeypatch)
+    refused("02-general-score", double_loop, tmp_path, monkeypatch, why="loop")
     accepted("02-general-score", lambda query, keys, W: torch.einsum("bd,de,bte->bt", query, W, keys), tmp_path,
              monkeypatch)
 
@@ -147,15 +152,16 @@ def test_init_width_refuses_the_checks_reference(tmp_path, monkeypatch):
 from test_ch01_checks import rule_prediction_routes  # noqa: E402
 
 
-def _counts_rule(query_size, key_size, hidden_size):
+def _counts_rule(query_size, key_size, hidden_size, rank):
     linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731  weight and bias
     return {"dot": 0 if query_size == key_size else None,
             "general": linear(key_size, query_size),
             "concat": linear(query_size + key_size, hidden_size) + linear(hidden_size, 1),
-            "additive": linear(query_size, hidden_size) + linear(key_size, hidden_size) + linear(hidden_size, 1)}
+            "additive": linear(query_size, hidden_size) + linear(key_size, hidden_size) + linear(hidden_size, 1),
+            "factored": linear(query_size, rank) + linear(key_size, rank)}
 
 
-def _counts_by_modules(query_size, key_size, hidden_size):
+def _counts_by_modules(query_size, key_size, hidden_size, rank):
     """The review's route: the exercise's verify cell (build each module, count with biases) inside the answer."""
     from attncourse.classroom.checks.ch02 import counted_parameters
     from attncourse.rnn_attention import AdditiveAttention, LuongAttention
@@ -168,7 +174,8 @@ def _counts_by_modules(query_size, key_size, hidden_size):
     return {"dot": None if query_size != key_size else 0,
             "general": with_biases(LuongAttention(query_size, key_size, "general")),
             "concat": with_biases(LuongAttention(query_size, key_size, "concat", hidden_size=hidden_size)),
-            "additive": with_biases(AdditiveAttention(query_size, key_size, hidden_size))}
+            "additive": with_biases(AdditiveAttention(query_size, key_size, hidden_size)),
+            "factored": rank * (query_size + key_size + 2)}
 
 
 def _counts_by_checker(*args):
@@ -176,37 +183,58 @@ def _counts_by_checker(*args):
     return counted_parameters(*args)
 
 
-def _counts_by_package_formula(query_size, key_size, hidden_size):
+def _counts_by_package_formula(query_size, key_size, hidden_size, rank):
     from attncourse.rnn_attention import score_parameter_count
-    rule = _counts_rule(query_size, key_size, hidden_size)
+    rule = _counts_rule(query_size, key_size, hidden_size, rank)
     return {**rule, "general": score_parameter_count("general", query_size, key_size) + query_size}
 
 
-def _counts_by_torch_linear(query_size, key_size, hidden_size):
+def _counts_by_torch_linear(query_size, key_size, hidden_size, rank):
     """PyTorch's nn.Linear alone, no course code: building it runs tensor operations, refused."""
-    rule = _counts_rule(query_size, key_size, hidden_size)
+    rule = _counts_rule(query_size, key_size, hidden_size, rank)
     return {**rule, "general": sum(p.numel() for p in torch.nn.Linear(key_size, query_size).parameters())}
 
 
-def _counts_by_meta_linear(query_size, key_size, hidden_size):
+def _counts_by_meta_linear(query_size, key_size, hidden_size, rank):
     with torch.device("meta"):
         layer = torch.nn.Linear(key_size, query_size)
-    return {**_counts_rule(query_size, key_size, hidden_size), "general": layer.weight.numel() + query_size}
+    return {**_counts_rule(query_size, key_size, hidden_size, rank), "general": layer.weight.numel() + query_size}
 
 
-def _counts_no_dot_when_equal(query_size, key_size, hidden_size):  # forgets that dot exists (with 0) when sizes match
-    return {**_counts_rule(query_size, key_size, hidden_size), "dot": None}
+def _counts_no_dot_when_equal(query_size, key_size, hidden_size, rank):  # forgets dot exists (with 0) at equal sizes
+    return {**_counts_rule(query_size, key_size, hidden_size, rank), "dot": None}
 
 
-def _counts_concat_like_additive(query_size, key_size, hidden_size):  # one bias too many for concat
-    rule = _counts_rule(query_size, key_size, hidden_size)
+def _counts_concat_like_additive(query_size, key_size, hidden_size, rank):  # one bias too many for concat
+    rule = _counts_rule(query_size, key_size, hidden_size, rank)
     return {**rule, "concat": rule["additive"]}
+
+
+def _counts_factored_as_full(query_size, key_size, hidden_size, rank):
+    """Read off the lesson's modules only: the factored score counted as the full general matrix it equals."""
+    rule = _counts_rule(query_size, key_size, hidden_size, rank)
+    return {**rule, "factored": rule["general"]}
 
 
 def test_parameter_counts_are_a_rule(tmp_path, monkeypatch):
     rule_prediction_routes("02-parameter-counts", _counts_rule, tmp_path, monkeypatch,
                            measured=(_counts_by_modules, _counts_by_checker, _counts_by_package_formula,
                                      _counts_by_torch_linear, _counts_by_meta_linear),
-                           wrong=(_counts_no_dot_when_equal, _counts_concat_like_additive))
+                           wrong=(_counts_no_dot_when_equal, _counts_concat_like_additive, _counts_factored_as_full))
     with pytest.raises(checks.CheckFailed, match="no entry for 'concat'"):  # the form is still explained
         checks.check("02-parameter-counts", lambda *args: {"dot": None, "general": 1, "additive": 2})
+
+
+def test_init_width_prediction_is_a_rule(tmp_path, monkeypatch):
+    def rule(dq, dk, sq, sk):  # the variance argument, in plain Python
+        return ((sq**2 + sk**2) * (dq + dk) / (dq * sq**2 + dk * sk**2)) ** 0.5
+
+    def measured(dq, dk, sq, sk):  # building the modules and measuring inside the prediction: refused
+        return init_width_ratio_reference(torch.randn(64, dq) * sq, torch.randn(64, 9, dk) * sk, 32, 0)
+
+    from attncourse.classroom.checks.ch02 import init_width_ratio_reference, width_ratio_closed_form
+    accepted("02-init-width-predict", rule, tmp_path, monkeypatch)
+    refused("02-init-width-predict", measured, tmp_path, monkeypatch)
+    refused("02-init-width-predict", lambda *args: width_ratio_closed_form(*args), tmp_path, monkeypatch)
+    cell, _ = _verdicts("02-init-width-predict", lambda *args: 2 ** 0.5, tmp_path, monkeypatch)  # the equal-size value
+    assert cell is not None and "not right" in cell and "1.41" not in cell.split("hint")[0]

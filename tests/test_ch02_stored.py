@@ -97,3 +97,20 @@ def test_stored_dot_input_feeding_run_is_what_the_code_trains():
     assert all(torch.tensor(a).shape == (3, len(lengths)) for a in stored["accuracy"].values())
     row = train_input_feeding(False, 2, config, lengths, 200, score="dot")
     torch.testing.assert_close(torch.tensor(row), torch.tensor(stored["accuracy"]["no feeding"][2]), rtol=0, atol=0.005)
+
+
+def test_stored_dot_models_are_the_stored_runs_models():
+    """results/ch02_dot_models.pt (lesson 02's beam-search cell loads seeds 1 and 2 from it) holds the dot models of
+    the stored score comparison: their greedy accuracy at every length is the stored one (no retraining)."""
+    from attncourse.seq2seq import accuracy_by_length, build_model
+
+    config = Seq2SeqConfig(batch_size=32)
+    lengths = list(range(config.min_len, config.max_len + 1))
+    saved = torch.load(ROOT / "notebooks" / "results" / "ch02_dot_models.pt", weights_only=True)
+    assert (saved["batch_size"], saved["steps"], saved["kind"], sorted(saved["state_dicts"])) == (32, 200, "dot", [1, 2])
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch02_scores.json").read_text())
+    model = build_model("dot", config)
+    model.load_state_dict(saved["state_dicts"][2])
+    accuracy = accuracy_by_length(model.eval(), lengths, 200)
+    torch.testing.assert_close(torch.tensor([accuracy[n] for n in lengths]), torch.tensor(stored["accuracy"]["dot"][2]),
+                               rtol=0, atol=0.005)

@@ -229,6 +229,19 @@ def test_operator_families_are_refused_under_every_spelling(exercise, verdicts):
     assert passed(verdicts(ex, _rows))  # exp, amax and sum are not a softmax
 
 
+def test_torch_masked_is_judged_as_the_masked_operator_it_is(exercise, verdicts):
+    """torch.masked.softmax is Python that masks and then calls a plain softmax: where a plain softmax is allowed and
+    the masked one is not, the guard judges torch.masked's functions by what they are (masked_softmax, ...)."""
+    ex = exercise(softmax_cases, (), ops=("aten::_masked_softmax", "aten::masked_log_softmax"))
+    keep = lambda x: torch.ones_like(x, dtype=torch.bool)  # noqa: E731
+    for answer in (lambda x: torch.masked.softmax(x, -1, mask=keep(x)),
+                   lambda x: torch.masked.log_softmax(x, -1, mask=keep(x)).exp()):
+        cell, (status, message) = verdicts(ex, answer)
+        assert cell is not None and "masked" in cell and status == "failed", (cell, status, message)
+    assert passed(verdicts(ex, lambda x: torch.softmax(x.masked_fill(~keep(x), float("-inf")), -1)))
+    assert passed(verdicts(exercise(softmax_cases, (), ops=("logsumexp",)), lambda x: torch.masked.softmax(x, -1)))
+
+
 def test_an_answer_that_catches_the_refusal_is_still_refused(exercise, verdicts):
     ex = exercise(softmax_cases, (), ops=("softmax",))
 

@@ -334,3 +334,43 @@ def test_bahdanau_decoder_queries_with_the_previous_state():
     torch.testing.assert_close(forced_w, greedy_w)
     assert torch.all(weights.masked_select(~batch.mask[:, None, :]) == 0)
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2], dtype=torch.float64))
+
+
+def test_location_score_reads_the_state_alone_and_masks_padding():
+    """Luong's location score: a_t = softmax(W_a s_t) over the first T of max_len positions, padding masked; the
+    annotations do not move the weights; checked against PyTorch's kernel with the scores as a float mask."""
+    from attncourse.rnn_attention import LocationAttention
+
+    gen = torch.Generator().manual_seed(7)
+    module = LocationAttention(6, 4, max_len=9).double()
+    query = torch.randn(3, 5, 6, generator=gen, dtype=torch.float64)
+    keys = torch.randn(3, 7, 4, generator=gen, dtype=torch.float64)
+    mask = torch.arange(7) < torch.tensor([7, 3, 1])[:, None]
+    with torch.no_grad():
+        context, weights = module(query, keys, mask=mask)
+        scores = (query @ module.W_a.weight.T)[..., :7]  # (B, Tq, max_len) -> (B, Tq, T)
+        ref = F.scaled_dot_product_attention(torch.zeros(3, 5, 1, dtype=torch.float64), torch.zeros(3, 7, 1,
+                                             dtype=torch.float64), keys,
+                                             attn_mask=scores.masked_fill(~mask[:, None], float("-inf")))
+        torch.testing.assert_close(context, ref)
+        _, other = module(query, torch.randn(3, 7, 4, generator=gen, dtype=torch.float64), mask=mask)
+    torch.testing.assert_close(weights, other)  # the keys never enter the score
+    assert (weights.masked_select(~mask[:, None, :]) == 0).all()
+    with pytest.raises(ValueError, match="max_len"):
+        module(query, torch.randn(3, 10, 4, dtype=torch.float64))
+    assert count_parameters(module) == 6 * 9
+
+
+def test_mean_attention_is_the_plain_mean_of_the_real_annotations():
+    from attncourse.rnn_attention import MeanAttention
+
+    keys = torch.randn(2, 5, 4, dtype=torch.float64)
+    mask = torch.arange(5) < torch.tensor([5, 2])[:, None]
+    context, weights = MeanAttention(3, 4)(torch.randn(2, 6, 3, dtype=torch.float64), keys, mask=mask)
+    torch.testing.assert_close(context[0], keys[0].mean(0).expand(6, 4))
+    torch.testing.assert_close(context[1], keys[1, :2].mean(0).expand(6, 4))
+    assert (weights[1, :, 2:] == 0).all() and count_parameters(MeanAttention(3, 4)) == 0
+    for kind in ("location", "mean"):  # both build on the course's model and run a step
+        model = build_model(kind, Seq2SeqConfig(max_len=6, batch_size=4))
+        batch = reverse_batch(4, 2, 6, generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(loss_on(model, batch))

@@ -67,3 +67,15 @@ def test_stored_translation_run_is_what_the_recipe_trains():
         assert abs(loss_on(model, corpus.test).item() - run["test_loss"]) < 2e-3
     english = [e.split() for e in stored["examples"]]
     assert [" ".join(translate(model, corpus, e)[0]) for e in english] == run["translations"]
+
+
+def test_chrf_on_a_hand_example():
+    """hyp "ab", ref "a bc" (spaces removed: "abc"): order 1 P = 2/2, R = 2/3, F2 = 5 P R / (4 P + R) = 10/14;
+    order 2 P = 1/1, R = 1/2, F2 = 2.5/4.5; orders 3-6 have no hypothesis n-gram and do not count: mean 63.49."""
+    from attncourse.translation import chrf
+
+    assert abs(chrf(["ab"], ["a bc"]) - 100 * (10 / 14 + 2.5 / 4.5) / 2) < 1e-9
+    assert chrf(["le chat"], ["le chat"]) == 100.0 and chrf(["xyz"], ["abc"]) < 1e-9
+    assert chrf(["l e chat"], ["le chat"]) == 100.0  # spaces are removed before counting
+    with pytest.raises(ValueError, match="same length"):
+        chrf(["a"], [])

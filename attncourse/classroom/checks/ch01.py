@@ -95,11 +95,21 @@ def _breaker_batch_loop(query, keys, W_q, W_k, v):
     return torch.stack([torch.tanh(W_q @ query[b] + keys[b] @ W_k.T) @ v for b in range(keys.shape[0])])
 
 
+def _shortcut_vmap(query, keys, W_q, W_k, v):
+    """The lesson's per-position formula batched by torch.vmap: the broadcast the exercise teaches is left to
+    PyTorch's batching transform, so it is refused."""
+    one = lambda s, h: v @ torch.tanh(W_q @ s + W_k @ h)  # noqa: E731  (Dq,), (Dk,) -> ()
+    return torch.vmap(torch.vmap(one, in_dims=(None, 0)), in_dims=(0, 0))(query, keys)
+
+
 @exercise("01-additive-score", "additive_scores", points=2, category="implement",
-          forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention"),
-          allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat),
-          prop=_no_loop, prop_doc="no Python loop: the number of operations does not grow with the batch or the "
-                                  "number of source positions",
+          forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
+                  "torch.vmap", "torch._functorch.vmap.vmap_impl"),
+          allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat, _shortcut_vmap),
+          prop=_no_loop, prop_doc="no Python loop and no batching transform: the number of operations does not grow "
+                                  "with the batch or the number of source positions, and torch.vmap (which would "
+                                  "batch the lesson's per-position formula without the broadcast this exercise "
+                                  "teaches) is refused",
           breakers=(_breaker_double_loop, _breaker_position_loop, _breaker_batch_loop),
           hint="project the query once and every key once, then let broadcasting pair each query projection with "
                "all T key projections (give the query a length-one axis where the keys have T); squash, then read "
@@ -190,6 +200,12 @@ def _shortcut_aten_safe_softmax(scores, lengths):
     return torch.ops.aten._safe_softmax(scores.masked_fill(~mask, float("-inf")), -1)
 
 
+def _shortcut_masked_api(scores, lengths):
+    """PyTorch's public masked softmax, torch.masked.softmax (True marks what is kept): refused."""
+    mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
+    return torch.masked.softmax(scores, -1, mask=mask).nan_to_num(0.0)
+
+
 def _shortcut_masked_softmax(scores, lengths):
     """PyTorch's private masked softmax (True marks what is masked): refused."""
     mask = torch.arange(scores.shape[1]) < lengths[:, None]  # (B, T)
@@ -219,9 +235,10 @@ def _shortcut_fused(scores, lengths):
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
-                         "aten::_sparse_log_softmax"),
+                         "aten::_sparse_log_softmax",  # and torch.masked's softmax family, judged by name:
+                         "aten::masked_log_softmax", "aten::masked_softmin"),
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
-                     _shortcut_sparse, _shortcut_fused),
+                     _shortcut_masked_api, _shortcut_sparse, _shortcut_fused),
           prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
                    "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
                    "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
@@ -257,23 +274,34 @@ def _masked_softmax():
 # ----------------------------------------------------------------------------- 4. predict: a teacher-forced step
 
 SHAPE_PARTS = ("annotations", "weights", "context", "output layer input")
-# the exercise's own configuration: the lesson's Seq2SeqConfig() sizes, a batch of 8, 13 source digits, 13 targets
+# the exercise's own configuration: the lesson's Seq2SeqConfig() sizes, a batch of 8, 13 source digits, 13 targets;
+# `directions` 2 is the lesson's bidirectional encoder, 1 an encoder that reads one way (no lesson model has it)
 SHAPE_CONFIG = dict(batch=8, source_len=13, target_len=13, embed_size=32, encoder_size=32, decoder_size=64,
-                    attention_size=32)
+                    attention_size=32, directions=2)
 
 
-def measured_shapes(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size):
-    """The four shapes of one teacher-forced step, measured on the lesson's additive model built at these sizes
-    (source and target lengths may differ, as in translation)."""
+def measured_shapes(batch, source_len, target_len, embed_size, encoder_size, decoder_size, attention_size,
+                    directions=2):
+    """The four shapes of one teacher-forced step (source and target lengths may differ, as in translation),
+    measured: on the lesson's additive model built at these sizes for a bidirectional encoder, and on the same
+    parts (a GRU encoder reading one way, a GRU decoder, AdditiveAttention) wired alike for `directions` = 1."""
     from attncourse.seq2seq import Seq2SeqConfig, build_model
 
     config = Seq2SeqConfig(embed_size=embed_size, encoder_size=encoder_size, decoder_size=decoder_size,
                            attention_size=attention_size)
-    with torch.random.fork_rng():  # building a model seeds the global generator: keep the learner's
-        model = build_model("additive", config)
     gen = torch.Generator().manual_seed(0)
     src = torch.randint(2, config.vocab_size, (batch, source_len), generator=gen)  # (B, S), no padding
     tgt = torch.randint(2, config.vocab_size, (batch, target_len), generator=gen)  # (B, T)
+    if directions == 1:
+        with torch.random.fork_rng(), torch.no_grad():
+            embed = torch.nn.Embedding(config.vocab_size, embed_size)
+            annotations, _ = torch.nn.GRU(embed_size, encoder_size, batch_first=True)(embed(src))  # (B, S, E)
+            states, _ = torch.nn.GRU(embed_size, decoder_size, batch_first=True)(embed(tgt))  # (B, T, Dd)
+            context, weights = AdditiveAttention(decoder_size, encoder_size, attention_size)(states, annotations)
+            readout = torch.cat([states, context], dim=-1)  # what the output layer reads
+        return tuple(tuple(x.shape) for x in (annotations, weights, context, readout))
+    with torch.random.fork_rng():  # building a model seeds the global generator: keep the learner's
+        model = build_model("additive", config)
     seen = {}
     model.out.register_forward_hook(lambda mod, inputs, output: seen.update(out=tuple(inputs[0].shape)))
     model.attention.register_forward_hook(  # (a hook that returns something would replace the output)
@@ -289,10 +317,12 @@ def measured_shapes(batch, source_len, target_len, embed_size, encoder_size, dec
           forbid=("attncourse.seq2seq.build_model", "attncourse.seq2seq.Seq2Seq", "attncourse.seq2seq.Seq2SeqConfig",
                   "attncourse.rnn_attention.AdditiveAttention"),
           allow=(), ops=("torch",),
-          prop_doc="the prediction is a rule in plain integers, a function of the batch, the two lengths and the "
-                   "model's widths, judged on the exercise's configuration and on configurations drawn from a seed "
-                   "(the grader draws others): building or running the model inside it is refused (no tensor "
-                   "operation may run), and a table of one configuration's shapes fails the drawn ones",
+          prop_doc="the prediction is a rule in plain integers, a function of the batch, the two lengths, the "
+                   "model's widths and the encoder's directions, judged on the exercise's configuration and on "
+                   "configurations drawn from a seed (the grader draws others), one with an encoder that reads one "
+                   "way, which no lesson model has: a rule read off measurements of the lesson's model fails it; "
+                   "building or running a model inside the rule is refused (no tensor operation may run), and a "
+                   "table of one configuration's shapes fails the drawn ones",
           hint="work from the lesson's model description, one tensor at a time, and say what each axis of "
                "a shape counts: what does the encoder hand over for each source position, and how wide is it (which "
                "width sets it, and how many directions does the encoder read)? How many queries does one teacher-forced "
@@ -300,15 +330,15 @@ def measured_shapes(batch, source_len, target_len, embed_size, encoder_size, dec
                "may not appear in any shape")
 def _predict_shapes():
     """Predict, as a function of (batch, source_len, target_len, embed_size, encoder_size, decoder_size,
-    attention_size), the shapes in one teacher-forced step of the lesson's additive model."""
-    gen = torch.Generator().manual_seed(14)  # two more configurations, drawn (a salted grader draws others)
+    attention_size, directions), the shapes in one teacher-forced step of the lesson's additive model."""
+    gen = torch.Generator().manual_seed(14)  # three more configurations, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
     configs = [("the exercise's: batch 8, 13 digits in and out, Seq2SeqConfig()", SHAPE_CONFIG)]
-    for _ in range(2):
+    for directions in (1, 2, 1):  # an encoder reading one way: no lesson model to measure
         source_len = pick(3, 20)
         cfg = dict(batch=pick(1, 9), source_len=source_len, target_len=source_len + pick(1, 6) * (-1) ** pick(0, 1),
                    embed_size=4 * pick(2, 9), encoder_size=4 * pick(2, 12), decoder_size=4 * pick(2, 20),
-                   attention_size=4 * pick(2, 10))
+                   attention_size=4 * pick(2, 10), directions=directions)
         cfg["target_len"] = max(cfg["target_len"], 1)
         configs.append((", ".join(f"{k}={v}" for k, v in cfg.items()), cfg))
     return [Case(f"shapes of (annotations, weights, context, output layer input) for {name}", tuple(cfg.values()),
@@ -317,48 +347,4 @@ def _predict_shapes():
             for name, cfg in configs]
 
 
-# ----------------------------------------------------------------------------- 5. experiment: why the tanh
-
-VARIANTS = ("tanh", "linear", "relu", "separate", "product")
-
-
-def _weight_spread(weights: torch.Tensor) -> float:
-    """weights (N, T), one distribution per query: per position the largest minus the smallest weight the N queries
-    give it, averaged over the positions (0 when the weights ignore the query)."""
-    return float((weights.amax(0) - weights.amin(0)).mean())
-
-
-def variant_weights_reference(queries, keys, W_q, W_k, v):
-    """The (N, T) attention weights of N queries over one sequence's T keys, for each score variant of VARIANTS."""
-    q, k = queries @ W_q.T, keys @ W_k.T  # (N, A), (T, A)
-    hidden = q[:, None] + k  # (N, 1, A) + (T, A) -> (N, T, A)
-    scores = {
-        "tanh": torch.tanh(hidden) @ v,  # v^T tanh(W_q s + W_k h_j)
-        "linear": hidden @ v,  # v^T (W_q s + W_k h_j)
-        "relu": torch.relu(hidden) @ v,  # v^T relu(W_q s + W_k h_j)
-        "separate": (torch.tanh(q) @ v)[:, None] + torch.tanh(k) @ v,  # v^T tanh(W_q s) + v^T tanh(W_k h_j)
-        "product": (q[:, None] * k) @ v,  # v^T (W_q s * W_k h_j), elementwise
-    }
-    return tuple(torch.softmax(scores[name], dim=-1) for name in VARIANTS)  # over the T positions
-
-
-@exercise("01-query-influence", "variant_weights", points=2, category="experiment",
-          prop_doc="output equality is the property: the five (N, T) weight tables, one per variant, for drawn "
-                   "queries, keys and projections; no table is fixed by a theorem (the two whose spread is 0 still "
-                   "depend on the keys), so none can be typed, and the spreads are measured from them afterwards",
-          hint="build each variant's (N, T) table of scores from the two projections, computed once; a softmax over "
-               "the positions turns each query's row into its weights. Return the five tables in the order asked")
-def _query_influence():
-    """Which score variants let the decoder state change the weights? Measured over seeds and sizes."""
-    cases = []
-    for seed, (n, t, d, a) in enumerate([(50, 7, 8, 6), (40, 12, 16, 10), (30, 5, 4, 3), (60, 9, 12, 8)]):
-        gen = torch.Generator().manual_seed(100 + seed)
-        queries = torch.randn(n, d, generator=gen, dtype=torch.float64)
-        keys = torch.randn(t, d, generator=gen, dtype=torch.float64)
-        w_q = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
-        w_k = torch.randn(a, d, generator=gen, dtype=torch.float64) / d**0.5
-        v = torch.randn(a, generator=gen, dtype=torch.float64)
-        args = (queries, keys, w_q, w_k, v)
-        name = f"seed {100 + seed}: N={n} queries, T={t}, D={d}, A={a}; weights of {', '.join(VARIANTS)}"
-        cases.append(Case(name, args, expected=variant_weights_reference(*args), rtol=1e-6, atol=1e-9))
-    return cases
+# exercise 5 (predict, then measure, which score variants let the query move the weights): ch01_influence.py

@@ -11,6 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, edits, exercise
+from .ch01 import _no_loop
 from .predictions import whole
 
 
@@ -50,13 +51,32 @@ def _shortcut_aten_bilinear(query, keys, W):
     return torch.ops.aten.bilinear(q, keys, W[None], None).squeeze(-1)
 
 
+def _breaker_double_loop(query, keys, W):
+    """One score at a time, read out into Python and packed again: right values, not a batched score."""
+    return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
+                         for b in range(keys.shape[0])], dtype=query.dtype)
+
+
+def _breaker_batch_loop(query, keys, W):
+    """Every position at once, but one sequence at a time."""
+    return torch.stack([keys[b] @ (W.T @ query[b]) for b in range(keys.shape[0])])
+
+
+def _breaker_position_loop(query, keys, W):
+    """Batched over sequences, one position at a time."""
+    q = query @ W  # (B, Dk)
+    return torch.stack([(q * keys[:, j]).sum(-1) for j in range(keys.shape[1])], dim=1)
+
+
 @exercise("02-general-score", "general_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
                   "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear"),
           allow=(), ops=("attention", "aten::bilinear", "aten::_trilinear"),
           shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear),
-          prop_doc="output equality is the property: s^T W h_j for every sequence and position, in whichever order "
-                   "the products run",
+          prop=_no_loop, breakers=(_breaker_double_loop, _breaker_batch_loop, _breaker_position_loop),
+          prop_doc="no Python loop: s^T W h_j for every sequence and position as batched products (in whichever "
+                   "order they run), so the number of operations does not grow with the batch or the number of "
+                   "source positions",
           hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
                "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
                "the batch axis apart from the positions")
@@ -68,6 +88,8 @@ def _general():
         "B=2, T=5, Dq=Dk=4": (2, 5, 4, 4),
         "query and key sizes differ (Dq=3, Dk=7)": (3, 6, 3, 7),
         "a single source position (T=1)": (2, 1, 5, 2),
+        "long sequences (B=2, T=40)": (2, 40, 4, 6),
+        "a larger batch (B=16, T=5)": (16, 5, 6, 4),
     }.items():
         q, k = _qk(gen, b, t, dq, dk)
         w = torch.randn(dq, dk, generator=gen, dtype=torch.float64)
@@ -78,7 +100,8 @@ def _general():
 
 # ----------------------------------------------------------------------------- 2. predict: parameter counts
 
-SIZES = dict(query_size=64, key_size=48, hidden_size=32)
+SIZES = dict(query_size=64, key_size=48, hidden_size=32, rank=16)
+SCORE_KEYS = ("dot", "general", "concat", "additive", "factored")
 
 
 def count_with_biases(module: torch.nn.Module) -> int:
@@ -87,14 +110,18 @@ def count_with_biases(module: torch.nn.Module) -> int:
                if isinstance(layer, torch.nn.Linear))
 
 
-def counted_parameters(query_size: int, key_size: int, hidden_size: int) -> dict:
+def counted_parameters(query_size: int, key_size: int, hidden_size: int, rank: int) -> dict:
     """Parameters of each score at these sizes, every nn.Linear layer with a bias, counted on the package's modules
-    (None where a score cannot be built)."""
+    (None where a score cannot be built), and on a Transformer head's two projections to `rank` for "factored"
+    ((W_q s + b_q)^T (W_k h + b_k), the general score with a factored W: no package module has it)."""
+    with torch.random.fork_rng():
+        factored = torch.nn.ModuleList([torch.nn.Linear(query_size, rank), torch.nn.Linear(key_size, rank)])
     counted = {
         "dot": count_with_biases(LuongAttention(query_size, key_size, "dot")) if query_size == key_size else None,
         "general": count_with_biases(LuongAttention(query_size, key_size, "general")),
         "concat": count_with_biases(LuongAttention(query_size, key_size, "concat", hidden_size=hidden_size)),
         "additive": count_with_biases(AdditiveAttention(query_size, key_size, hidden_size)),
+        "factored": count_with_biases(factored),
     }
     assert counted["general"] == score_parameter_count("general", query_size, key_size) + query_size  # W h + b
     assert counted["additive"] == counted["concat"] + hidden_size  # one more bias vector of size A
@@ -105,27 +132,29 @@ def counted_parameters(query_size: int, key_size: int, hidden_size: int) -> dict
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
                   "attncourse.rnn_attention.score_parameter_count"),
           allow=(), ops=("torch",),
-          prop_doc="the prediction is a count in plain integers, written as a function of the three sizes so that "
+          prop_doc="the prediction is a count in plain integers, written as a function of the four sizes so that "
                    "no module or package call can stand in for it (building a layer runs tensor operations, which "
                    "are refused): equal counts on the exercise's sizes and on sizes drawn from a seed (the grader "
-                   "draws others, one of them with equal query and key sizes) are the skill",
+                   "draws others, one of them with equal query and key sizes) are the skill; the factored score "
+                   "has no module in the package, so counts read off the lesson's modules cannot give it",
           hint="count every entry of every matrix and vector each score owns, then one bias entry per output of each "
                "of its layers: how many layers does each score have, and how many outputs each? Concat and additive "
                "own the same weights arranged differently, but not the same layers. And can every score be built "
                "when the query and the keys have different sizes, and what does it own when they are equal?")
 def _counts():
-    """Parameters of each score, every layer with a bias, as a function of (query_size, key_size, hidden_size)."""
+    """Parameters of each score, every layer with a bias, as a function of (query_size, key_size, hidden_size,
+    rank)."""
     gen = torch.Generator().manual_seed(22)  # two more size triples, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
     sizes = [("the exercise's: a query of 64, keys of 48", tuple(SIZES.values()))]
     same = 4 * pick(1, 32)
-    sizes.append((f"equal query and key sizes ({same})", (same, same, 4 * pick(1, 24))))
+    sizes.append((f"equal query and key sizes ({same})", (same, same, 4 * pick(1, 24), 4 * pick(1, 8))))
     dq, dk = 4 * pick(1, 32), 4 * pick(1, 32)
     dk = dk if dk != dq else dq + 4
-    sizes.append((f"a query of {dq}, keys of {dk}", (dq, dk, 4 * pick(1, 24))))
-    return [Case(f"parameter counts by score, with biases, for {name}, a tanh layer of {args[2]}", args,
+    sizes.append((f"a query of {dq}, keys of {dk}", (dq, dk, 4 * pick(1, 24), 4 * pick(1, 8))))
+    return [Case(f"parameter counts by score, with biases, for {name}, a tanh layer of {args[2]}, rank {args[3]}", args,
                  expected=counted_parameters(*args),
-                 compare=whole("a dict with an int (or None) for each of 'dot', 'general', 'concat', 'additive'",
+                 compare=whole("a dict with an int (or None) for each of " + ", ".join(map(repr, SCORE_KEYS)),
                                kind="dict"))
             for name, args in sizes]
 
@@ -249,6 +278,37 @@ def init_width_ratio_reference(queries, keys, hidden_size, seed):
     rms = {score: _tanh_input_rms(initial_weights(score, seed, dq, dk, hidden_size), dq, queries, keys)
            for score in ("additive", "concat")}
     return rms["additive"] / rms["concat"]
+
+
+def width_ratio_closed_form(query_size: int, key_size: int, query_spread: float, key_spread: float) -> float:
+    """Additive's tanh-input RMS over concat's at PyTorch's default initialisation (weights uniform in
+    +-1/sqrt(fan-in), variance 1/(3 fan-in)), for independent zero-mean inputs of these spreads: additive's variance
+    (sq^2 + sk^2)/3, concat's (Dq sq^2 + Dk sk^2)/(3 (Dq + Dk)). The experiment's cases check it within 12%."""
+    var_q, var_k = query_spread * query_spread, key_spread * key_spread  # the inputs' variances
+    return ((var_q + var_k) * (query_size + key_size) / (query_size * var_q + key_size * var_k)) ** 0.5
+
+
+@exercise("02-init-width-predict", "predicted_width_ratio", points=1, category="predict", parts=("ratio",),
+          allow=(), ops=("torch", "numpy"),
+          prop_doc="the prediction is the expected ratio as a rule in plain Python, a function of the two sizes and "
+                   "the two spreads, judged on the exercise's three settings and on drawn ones (the grader draws "
+                   "others): no module can be built or run inside it, so it must come from the initialisation's "
+                   "variance, before the experiment measures it",
+          hint="write the variance of one weight drawn uniformly between minus and plus one over the square root of "
+               "its layer's fan-in; then the variance of one tanh input as a sum of independent products (weight "
+               "times input), for each module: "
+               "how many terms, and which fan-in divides each? The ratio of root mean squares is the square root of "
+               "the ratio of variances")
+def _init_width_predict():
+    """Predict, as a function of (query_size, key_size, query_spread, key_spread), how much wider additive's tanh
+    input starts than concat's."""
+    gen = torch.Generator().manual_seed(23)  # three more settings, drawn (a salted grader draws others)
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    settings = [(64, 64, 1.0, 1.0), (64, 16, 1.0, 0.2), (64, 16, 0.2, 1.0)]
+    settings += [(4 * pick(1, 32), 4 * pick(1, 32), pick(1, 20) / 10, pick(1, 20) / 10) for _ in range(3)]
+    return [Case(f"Dq={dq}, Dk={dk}, query spread {sq}, key spread {sk}", (dq, dk, sq, sk),
+                 expected=width_ratio_closed_form(dq, dk, sq, sk), rtol=1e-6, atol=1e-9)
+            for dq, dk, sq, sk in settings]
 
 
 @exercise("02-init-width", "init_width_ratio", points=2, category="experiment",

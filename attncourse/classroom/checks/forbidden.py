@@ -443,7 +443,7 @@ def _system_dirs():
     return _SYSTEM
 
 
-_PLACES = {}
+_PLACES, _MASKED = {}, os.sep + os.path.join("torch", "masked") + os.sep  # torch.masked's Python: softmax, ...
 # PyTorch's Python entry points to operators (``torch.ops.aten.X``, ``F.X``): entered from the answer with the watch
 # off, they are the answer's doing. (Elsewhere PyTorch calls its own Python back from C++ with the modes popped
 # while it handles an operator; that is not the answer's doing, and a builtin the answer calls is checked anyway.)
@@ -598,7 +598,8 @@ class Guard:
         if place.startswith("package:"):
             return "package" if place[8:] in self.packages else "other"
         if place == "torch":
-            if "torch" in self.packages or (self.families and family_of(code.co_name, self.families)):
+            name = ("masked_" if _MASKED in code.co_filename else "") + code.co_name  # torch.masked.softmax: masked_...
+            if "torch" in self.packages or (self.families and family_of(name, self.families)):
                 return "torchjob"
             return "torch"
         return place

@@ -29,9 +29,10 @@ def whole(what: str, kind: str = "shapes") -> Callable[[Any, Any], str | None]:
     (tuples and lists alike), a message about the form when the form is wrong, else :data:`NOT_RIGHT`.
 
     `what` names the answer in messages ("a tuple of four shapes"); `kind` is "shapes" (a tuple of shapes, each
-    a tuple of ints) or "dict" (a dict whose keys the exercise names)."""
-    if kind not in ("shapes", "dict"):
-        raise ValueError(f"kind must be 'shapes' or 'dict', got {kind!r}")
+    a tuple of ints), "dict" (a dict whose keys the exercise names, each an int or None) or "flags" (the same with
+    True or False for each key)."""
+    if kind not in ("shapes", "dict", "flags"):
+        raise ValueError(f"kind must be 'shapes', 'dict' or 'flags', got {kind!r}")
 
     def rule(got: Any, expected: Any) -> str | None:
         if kind == "shapes":
@@ -51,9 +52,14 @@ def whole(what: str, kind: str = "shapes") -> Callable[[Any, Any], str | None]:
         extra = [k for k in got if k not in expected]
         if extra:
             return f"expected {what}; yours has entries the exercise does not ask for: {', '.join(map(repr, extra))}"
-        odd = [k for k, v in got.items() if not (v is None or (isinstance(v, int) and not isinstance(v, bool)))]
-        if odd:
-            return f"expected {what}: each entry an int or None, but {', '.join(map(repr, odd))} is not"
+        if kind == "flags":
+            odd = [k for k, v in got.items() if not isinstance(v, bool)]
+            if odd:
+                return f"expected {what}: each entry True or False, but {', '.join(map(repr, odd))} is not"
+        else:
+            odd = [k for k, v in got.items() if not (v is None or (isinstance(v, int) and not isinstance(v, bool)))]
+            if odd:
+                return f"expected {what}: each entry an int or None, but {', '.join(map(repr, odd))} is not"
         if all(_same(got[k], e) for k, e in expected.items()):
             return None
         return NOT_RIGHT
