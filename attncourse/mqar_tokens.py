@@ -105,3 +105,21 @@ def zoology_sweep(kinds: tuple[str, ...], n_pairs: int, seeds: tuple[int, ...],
     "<kind>" and "<kind> + conv" -> [accuracy per seed]. Keyword arguments go to :func:`train_zoology`."""
     return {f"{kind}{' + conv' if conv else ''}": [train_zoology(kind, conv, n_pairs, s, **train_kwargs) for s in seeds]
             for kind in kinds for conv in (False, True)}
+
+
+def zoology_lr_sweep(kinds: tuple[str, ...], n_pairs: int, seeds: tuple[int, ...], lrs: tuple[float, ...],
+                     short_conv: bool = True, **train_kwargs) -> dict[str, dict[str, list[float]]]:
+    """Zoology's protocol: every kind trained at every learning rate, one accuracy per seed:
+    kind -> {str(lr) -> [accuracy per seed]}. Keyword arguments go to :func:`train_zoology`."""
+    for lr in lrs:
+        if not isinstance(lr, float) or not lr > 0:
+            raise ValueError(f"lrs must be positive floats, got {lrs!r}")
+    return {kind: {str(lr): [train_zoology(kind, short_conv, n_pairs, s, lr=lr, **train_kwargs) for s in seeds]
+                   for lr in lrs} for kind in kinds}
+
+
+def best_lr(sweep: dict[str, list[float]]) -> str:
+    """The learning rate (a key of `sweep`, lr -> [accuracy per seed]) with the best mean accuracy over seeds."""
+    if not sweep:
+        raise ValueError("sweep must hold at least one learning rate")
+    return max(sweep, key=lambda lr: sum(sweep[lr]) / len(sweep[lr]))

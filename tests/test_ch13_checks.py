@@ -34,32 +34,35 @@ def chunked_decay_attention(q, k, v, g, initial_state, chunk_size):
     outs, states = [], [S]
     for a in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
-        G = g[:, :, a:a + chunk_size].cumsum(-1)  # (B,H,c)
-        c = G.shape[-1]
-        diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
-        outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * diff.exp()) @ vc)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        G = g[:, :, a:a + chunk_size].cumsum(-2)  # (B,H,c,Dk): one log-decay per key channel
+        c = G.shape[-2]
+        keep = torch.ones(c, c, dtype=torch.bool).tril()[..., None]
+        diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -torch.inf)  # (B,H,c,c,Dk)
+        outs.append((qc * G.exp()) @ S + torch.einsum("bhrd,bhsd,bhrsd->bhrs", qc, kc, diff.exp()) @ vc)
+        S = S * G[..., -1, :, None].exp() + (kc * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ vc
         states.append(S)
     return torch.cat(outs, 2), torch.stack(states, 2)
 
 
 def chunks_at_once(q, k, v, g, initial_state, chunk_size):
-    """Every chunk in one batched step, the states combined by a (n, n) decay matrix: chunkwise, no Python loop."""
+    """Every chunk in one batched step, the states combined by an (n, n) decay tensor per key channel: chunkwise, no
+    Python loop."""
     B, H, T, Dk = q.shape
     n = -(-T // chunk_size)
     pad = n * chunk_size - T
-    q, k, v = (F.pad(x, (0, 0, 0, pad)).reshape(B, H, n, chunk_size, -1) for x in (q, k, v))
-    G = F.pad(g, (0, pad)).reshape(B, H, n, chunk_size).cumsum(-1)  # (B,H,n,C)
+    q, k, v, g = (F.pad(x, (0, 0, 0, pad)).reshape(B, H, n, chunk_size, -1) for x in (q, k, v, g))
+    G = g.cumsum(-2)  # (B,H,n,C,Dk)
     c = chunk_size
-    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(c, c, dtype=torch.bool).tril(), -torch.inf)
-    intra = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v  # (B,H,n,C,Dv)
-    own = (k * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
-    last = F.pad(G[..., -1], (1, 0)).cumsum(-1)  # (B,H,n+1) log-decay up to each chunk boundary
-    keep = torch.ones(n, n, dtype=torch.bool).tril(-1)  # chunk j < i
-    gap = (last[..., :-1, None] - last[..., None, 1:]).masked_fill(~keep, -torch.inf).exp()  # end of j -> start of i
-    starts = torch.einsum("bhij,bhjkv->bhikv", gap, own) + last[..., :-1].exp()[..., None, None] * initial_state[:, :, None]
-    final = starts[:, :, -1] * G[..., -1, -1, None, None].exp() + own[:, :, -1]  # (B,H,Dk,Dv) after the last chunk
-    inter = (q * G[..., None].exp()) @ starts  # the state at each chunk's start
+    keep = torch.ones(c, c, dtype=torch.bool).tril()[..., None]
+    diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -torch.inf)  # (B,H,n,C,C,Dk)
+    intra = torch.einsum("bhnrd,bhnsd,bhnrsd->bhnrs", q, k, diff.exp()) @ v  # (B,H,n,C,Dv)
+    own = (k * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ v  # (B,H,n,Dk,Dv) each chunk's own
+    last = F.pad(G[..., -1, :], (0, 0, 1, 0)).cumsum(-2)  # (B,H,n+1,Dk) log-decay up to each chunk boundary
+    before = torch.ones(n, n, dtype=torch.bool).tril(-1)[..., None]  # chunk j < i
+    gap = (last[..., :-1, None, :] - last[..., None, 1:, :]).masked_fill(~before, -torch.inf).exp()  # end j -> start i
+    starts = torch.einsum("bhijd,bhjdv->bhidv", gap, own) + last[..., :-1, :].exp()[..., None] * initial_state[:, :, None]
+    final = starts[:, :, -1] * G[:, :, -1, -1, :, None].exp() + own[:, :, -1]  # (B,H,Dk,Dv) after the last chunk
+    inter = (q * G.exp()) @ starts  # the state at each chunk's start
     return (intra + inter).reshape(B, H, n * c, -1)[:, :, :T], torch.cat([starts, final[:, :, None]], 2)
 
 
@@ -69,7 +72,7 @@ def with_initial_state(route):
     `boundary_states`, run as learner code: an answer that called the checks module would be refused for that call,
     not for what `route` does). Whatever `route` does wrong (its layout, its work, its arithmetic) stays."""
     def answer(q, k, v, g, initial_state, chunk_size):
-        o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+        o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-2).exp()) @ initial_state  # g (B, H, T, Dk)
         return o, _boundary_states(k, v, g, initial_state, chunk_size)
 
     answer.__name__ = route.__name__
@@ -87,13 +90,13 @@ def package_chunked_edited(q, k, v, g, initial_state, chunk_size):
     C = chunk_size
     n = -(-T // C)
     pad = n * C - T
-    gg = g[..., None]
+    gg = g  # (B,H,T,Dk): one log-decay per key channel
     q, k, v, gg = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, gg))
     q, k, v, gg = (x.reshape(B, H, n, C, x.shape[-1]) for x in (q, k, v, gg))
     G = gg.cumsum(-2)
     causal = torch.ones(C, C, dtype=torch.bool).tril()
     decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
-    qk = (q @ k.transpose(-2, -1)) * decay[..., 0]
+    qk = torch.einsum("bhnrd,bhnsd,bhnrsd->bhnrs", q, k, decay)
     state, outs, states = initial_state, [], [initial_state]
     for i in range(n):
         Gi = G[:, :, i]
@@ -160,25 +163,23 @@ def test_chunked_decay_quadratic_in_any_layout_refused(tmp_path, monkeypatch):
     import math
 
     def trailing_dim(q, k, v, g, chunk_size):
-        G = g.cumsum(-1)
+        G = g.cumsum(-2)  # (B,H,T,Dk)
         T = q.shape[2]
-        s = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1, keepdim=True)  # (B,H,T,T,1)
-        diff = G[..., :, None, None] - G[..., None, :, None]
-        keep = torch.arange(T)[:, None, None] >= torch.arange(T)[None, :, None]
-        return (s * diff.masked_fill(~keep, -math.inf).exp() * v.unsqueeze(2)).sum(3)
+        keep = (torch.arange(T)[:, None] >= torch.arange(T)[None, :])[..., None]
+        diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -math.inf)  # (B,H,T,T,Dk)
+        s = (q.unsqueeze(3) * k.unsqueeze(2) * diff.exp()).sum(-1, keepdim=True)  # (B,H,T,T,1)
+        return (s * v.unsqueeze(2)).sum(3)
 
     def flattened(q, k, v, g, chunk_size):
-        B, H, T, _ = q.shape
-        G = g.cumsum(-1)
-        s = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1).reshape(B, H, T * T)  # one dim of T*T
-        keep = (torch.arange(T)[:, None] >= torch.arange(T)[None, :]).reshape(T * T)
-        diff = (G[..., :, None] - G[..., None, :]).reshape(B, H, T * T).masked_fill(~keep, -math.inf)
-        w = (s * diff.exp()).reshape(B, H, T, T)
-        return torch.stack([(w[:, :, r, :, None] * v).sum(2) for r in range(0, T)], 2) if T < 0 else \
-            (w.unsqueeze(-1) * v.unsqueeze(2)).sum(3)
+        B, H, T, Dk = q.shape
+        G = g.cumsum(-2)
+        keep = (torch.arange(T)[:, None] >= torch.arange(T)[None, :])[..., None]
+        diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -math.inf)  # (B,H,T,T,Dk)
+        s = (q.unsqueeze(3) * k.unsqueeze(2) * diff.exp()).sum(-1).reshape(B, H, T * T)  # one dim of T*T
+        return (s.reshape(B, H, T, T).unsqueeze(-1) * v.unsqueeze(2)).sum(3)
 
     for route in (trailing_dim, flattened):
-        msg, graded = refused("13-chunked-decay", with_initial_state(route), tmp_path, monkeypatch)
+        msg, graded = refused("13-chunked-decay", with_initial_state_per_channel(route), tmp_path, monkeypatch)
         assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, (route.__name__, msg)
         assert "T^2" in msg, msg
 
@@ -190,14 +191,13 @@ def test_chunked_decay_ratio_of_products_fails():
         outs = []
         for a in range(0, T, chunk_size):
             qc, kc, vc = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size]
-            G = g[:, :, a:a + chunk_size].cumsum(-1)
-            E = G.exp()
-            w = ((qc * E[..., None]) @ (kc / E[..., None]).transpose(-2, -1)).tril()
-            outs.append((qc * E[..., None]) @ S + w @ vc)
-            S = S * E[..., -1, None, None] + (kc * (E[..., -1:] / E)[..., None]).transpose(-2, -1) @ vc
+            E = g[:, :, a:a + chunk_size].cumsum(-2).exp()  # (B,H,c,Dk)
+            w = ((qc * E) @ (kc / E).transpose(-2, -1)).tril()
+            outs.append((qc * E) @ S + w @ vc)
+            S = S * E[..., -1, :, None] + (kc * (E[..., -1:, :] / E)).transpose(-2, -1) @ vc
         return torch.cat(outs, 2)
 
-    assert "strong decay" in failure("13-chunked-decay", with_initial_state(ratios))
+    assert "strong decay" in failure("13-chunked-decay", with_initial_state_per_channel(ratios))
 
 
 def test_chunked_decay_forgets_the_short_last_chunk():
@@ -207,7 +207,7 @@ def test_chunked_decay_forgets_the_short_last_chunk():
         out = chunks_at_once(q[:, :, :T], k[:, :, :T], v[:, :, :T], g[:, :, :T], zero, chunk_size)[0]
         return torch.cat([out, torch.zeros_like(v[:, :, T:])], 2)
 
-    assert "45" in failure("13-chunked-decay", with_initial_state(drops_tail)).split("\n")[0]
+    assert "45" in failure("13-chunked-decay", with_initial_state_per_channel(drops_tail)).split("\n")[0]
 
 
 # ----------------------------------------------------------------------------- 2. the bug
@@ -480,3 +480,60 @@ def test_gated_delta_bug_in_plain_python_refused(tmp_path, monkeypatch):
 
     msg, graded = refused("13-find-the-bug-1", plain, tmp_path, monkeypatch)
     assert all(("matrix products over chunk-sized" in m or "numbers read out of tensors" in m) for m in (msg, graded)), msg
+
+
+# ----------------------------------------------------------------------------- review 10: one decay per key channel
+
+
+def with_initial_state_per_channel(route):
+    """:func:`with_initial_state`, named for exercise 1 as it is now (g (B, H, T, Dk), one log-decay per key channel)."""
+    return with_initial_state(route)
+
+
+def _segsum(x):  # Mamba-2's ssd_minimal helper, as its listing writes it
+    T = x.size(-1)
+    x = x[..., None].expand(*x.shape, T)
+    x = x.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-1), 0)
+    x = torch.cumsum(x, dim=-2)
+    return x.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=0), -torch.inf)
+
+
+def ssd_transcribed(q, k, v, g, initial_state, chunk_size):
+    """Review 10's route: Mamba's public `ssd_minimal_discrete` transcribed to (B, H, T, D), with the initial state
+    and padding; one decay per head, read from the first key channel (the transcription's only way to take g)."""
+    B, H, T, Dk = q.shape
+    Dv, C, n = v.shape[-1], chunk_size, -(-T // chunk_size)
+    pad = n * C - T
+    X = F.pad(v, (0, 0, 0, pad)).reshape(B, H, n, C, Dv)
+    Bm = F.pad(k, (0, 0, 0, pad)).reshape(B, H, n, C, Dk)
+    Cm = F.pad(q, (0, 0, 0, pad)).reshape(B, H, n, C, Dk)
+    A = F.pad(g[..., 0], (0, pad)).reshape(B, H, n, C)
+    A_cumsum = torch.cumsum(A, dim=-1)
+    Y_diag = torch.einsum("bhcln,bhcsn,bhcls,bhcsp->bhclp", Cm, Bm, torch.exp(_segsum(A)), X)
+    states = torch.einsum("bhcln,bhcl,bhclp->bhcnp", Bm, torch.exp(A_cumsum[..., -1:] - A_cumsum), X)
+    states = torch.cat([initial_state[:, :, None], states], dim=2)
+    new_states = torch.einsum("bhzc,bhcnp->bhznp", torch.exp(_segsum(F.pad(A_cumsum[..., -1], (1, 0)))), states)
+    Y_off = torch.einsum("bhcln,bhcnp,bhcl->bhclp", Cm, new_states[:, :, :-1], torch.exp(A_cumsum))
+    return (Y_diag + Y_off).reshape(B, H, n * C, Dv)[:, :, :T], new_states
+
+
+def test_chunked_decay_ssd_minimal_transcribed_fails():
+    """Review 10: the transcription of `ssd_minimal_discrete` passed 3/3 when the decay was one per head. With one
+    decay per key channel it is right on the case with one decay per head only: the decay must enter the sum over
+    channels, within a chunk and between chunks."""
+    ex = checks.get("13-chunked-decay")
+    first = ex.make_cases()[0]
+    assert "one decay per head" in first.name
+    o, states = ssd_transcribed(*first.args)
+    torch.testing.assert_close((o, states), first.expected, rtol=1e-7, atol=1e-8)  # the per-head case: right
+    msg = failure("13-chunked-decay", ssd_transcribed)
+    assert "one decay per head" not in msg.split("\n")[0], msg
+
+
+def test_chunked_decay_per_channel_answer_passes_and_mean_decay_fails():
+    """The accepted answer handles a different decay per key channel; replacing the channels' decays by their mean (a
+    per-head answer fed a per-channel gate) fails."""
+    def mean_decay(q, k, v, g, initial_state, chunk_size):
+        return chunks_at_once(q, k, v, g.mean(-1, keepdim=True).expand_as(g), initial_state, chunk_size)
+
+    assert "failed" in failure("13-chunked-decay", mean_decay).split("\n")[0]

@@ -69,3 +69,24 @@ def test_stored_controls_are_what_the_lesson_recipe_trains():
     stored = BUDGET["runs"][f"{m} {keys} keys, {st} steps, lr {lr:g}"]["seeds"][0]
     for k in ("accuracy", "recall"):
         assert abs(got[k] - stored[k]) < 0.02, (k, got[k], stored[k])
+
+
+CONTROL = json.loads((ROOT / "notebooks" / "results" / "ch14_compressor_control_full.json").read_text())
+
+
+def test_stored_compressor_control_is_what_the_lesson_recipe_trains():
+    """Review 10's control (the learned compressor started at the mean pool) matches the lesson's recipe, and its
+    cheapest run, retrained here for one seed, gives the stored numbers."""
+    nb = nbformat.read(ROOT / "notebooks" / "14_learned_sparse_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_CONTROL =" in c.source)
+    ns = {}
+    exec(cell[cell.index("CONTROL_RUNS ="):cell.index("if FULL")], ns)
+    _, task = recipe()
+    assert CONTROL["task"] == task and CONTROL["seeds"] == [0, 1, 2]
+    assert list(CONTROL["runs"]) == [f"{name} {s}" for name, _ in ns["CONTROL_RUNS"] for s in ns["CONTROL_SCHEDULES"]]
+    assert all(len(rs) == 3 for rs in CONTROL["runs"].values())
+    torch.set_num_threads(1)
+    got = train_learned_nsa(2, RecallConfig(**task, steps=150, lr=1e-2), compress="mlp", mean_skip=True, overlap=False)
+    stored = CONTROL["runs"]["mean start 150@0.01"][2]
+    for k in ("accuracy", "recall"):
+        assert abs(got[k] - stored[k]) < 0.02, (k, got[k], stored[k])

@@ -38,3 +38,15 @@ def test_model_has_the_convolution_only_when_asked():
     assert not any(isinstance(m, ShortConv) for m in without.modules())
     tokens, _ = zoology_batch(torch.Generator().manual_seed(0), 2, 4)
     assert with_c(tokens).shape == (2, 12, 64)
+
+
+def test_lr_sweep_rejects_bad_rates_and_best_lr_needs_runs():
+    import pytest
+
+    from attncourse.mqar_tokens import best_lr, zoology_lr_sweep
+
+    for bad in ((0.0,), (-1e-2,), (1,)):
+        with pytest.raises(ValueError, match="lrs"):
+            zoology_lr_sweep(("linear",), 4, (0,), bad, steps=1)
+    with pytest.raises(ValueError, match="sweep"):
+        best_lr({})

@@ -25,11 +25,13 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
-def _inputs(gen, B, H, T, Dk, Dv, delta=False):
+def _inputs(gen, B, H, T, Dk, Dv, delta=False, channels=False):
     q = _randn(gen, B, H, T, Dk)
     k = F.normalize(_randn(gen, B, H, T, Dk), dim=-1)
     v = _randn(gen, B, H, T, Dv)
     g = F.logsigmoid(_randn(gen, B, H, T) + 2.0)  # log-decays in (-inf, 0), most near 0
+    if channels:  # one log-decay per key channel (GLA, Kimi Delta Attention)
+        g = F.logsigmoid(_randn(gen, B, H, T, Dk) + 2.0)
     if not delta:
         return q, k, v, g
     return q, k, v, g, torch.rand(B, H, T, generator=gen, dtype=torch.float64)
@@ -160,13 +162,13 @@ def _shortcut_chunked(q, k, v, g, initial_state, chunk_size):
 
 
 def boundary_states(k, v, g, initial_state, chunk_size):
-    """(B, H, n + 1, Dk, Dv): the state before each chunk and after the last, carried chunk by chunk. Shared with
-    tests/test_ch13_checks.py, which runs it as learner code (``as_learner``) so that the guard does not refuse the
-    call into this module."""
+    """(B, H, n + 1, Dk, Dv): the state before each chunk and after the last, carried chunk by chunk, with one log-decay
+    per key channel, g (B, H, T, Dk). Shared with tests/test_ch13_checks.py, which runs it as learner code
+    (``as_learner``) so that the guard does not refuse the call into this module."""
     S, states = initial_state, [initial_state]
     for a in range(0, k.shape[2], chunk_size):
-        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-2)
+        S = S * G[..., -1, :, None].exp() + (kc * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ vc
         states.append(S)
     return torch.stack(states, 2)
 
@@ -174,20 +176,22 @@ def boundary_states(k, v, g, initial_state, chunk_size):
 def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
     """The package's masked (T, T) form for the outputs (plus the initial state's share), the states by hand: must be
     refused."""
-    o = la.parallel(q, k, v, g, scale=1.0) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
+    o = la.parallel(q, k, v, g, scale=1.0) + (q * g.cumsum(-2).exp()) @ initial_state
     return o, boundary_states(k, v, g, initial_state, chunk_size)
 
 
 def _with_package_mask(mask_of, name: str):
-    """A chunk-by-chunk answer whose intra-chunk decay mask comes from the package (`mask_of(g_chunk)`): refused."""
+    """A chunk-by-chunk answer whose intra-chunk decay masks (one per key channel) come from the package
+    (`mask_of(g_chunk)`, (B, H, Dk, c, c)): refused."""
     def shortcut(q, k, v, g, initial_state, chunk_size):
         S = initial_state
         outs, states = [], [S]
         for a in range(0, q.shape[2], chunk_size):
             qc, kc, vc, gc = (x[:, :, a:a + chunk_size] for x in (q, k, v, g))
-            G = gc.cumsum(-1)
-            outs.append((qc * G[..., None].exp()) @ S + ((qc @ kc.transpose(-2, -1)) * mask_of(gc)) @ vc)
-            S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+            G = gc.cumsum(-2)
+            w = torch.einsum("bhrc,bhsc,bhcrs->bhrs", qc, kc, mask_of(gc.transpose(-2, -1)))
+            outs.append((qc * G.exp()) @ S + w @ vc)
+            S = S * G[..., -1, :, None].exp() + (kc * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ vc
             states.append(S)
         return torch.cat(outs, 2), torch.stack(states, 2)
 
@@ -216,26 +220,35 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8), (128, 8))  # (T,
                    "in 4 chunks) nor with the number of chunks (T = 32 and 128 in chunks of 8), and no tensor relates "
                    "more than a chunk of positions to a chunk or more of others (in any layout: the elements the "
                    "operators take in grow linearly in T at a fixed chunk size)",
-          title="Decayed linear attention, every chunk at once, with its boundary states",
-          hint="pad to whole chunks with tokens that change nothing and give the chunks their own axis; inside a "
-               "chunk the decay from token s to token r is the exponential of a difference of cumulative sums of g "
-               "taken inside the chunk. Each chunk adds to the state at its end its keys times their values, each "
-               "key decayed by what remains of the chunk after it. The states at the boundaries follow the same "
-               "scalar-decay recurrence, one step per chunk, so they too are one masked product: a decay matrix over "
-               "the boundaries times the chunks' contributions, the initial state counted as the zeroth. Each chunk "
-               "then reads the state at its start")
+          title="Decayed linear attention with one decay per key channel, every chunk at once, with its boundary "
+                "states",
+          hint="pad to whole chunks with tokens that change nothing and give the chunks their own axis. With one decay "
+               "per key channel, the decay from token s to token r inside a chunk differs per channel: it is the "
+               "exponential of a difference of cumulative sums of that channel's g taken inside the chunk, so it "
+               "enters the sum over channels that makes the score, not a factor outside it. Each chunk adds to the "
+               "state at its end its keys times their values, each key channel decayed by what remains of the chunk "
+               "after it. The states at the boundaries follow the same recurrence, one step per chunk, each key "
+               "channel (each row of the state) with its own decay: a decay tensor over pairs of boundaries, one "
+               "per channel, applied to the chunks' contributions, the initial state counted as the zeroth")
 def _chunked_decay():
-    """Causal linear attention with a scalar decay per token and head (RetNet, Mamba-2), chunk by chunk."""
+    """Causal linear attention with a log-decay per token, head and key channel (GLA, Kimi Delta Attention's gate
+    without the delta rule), every chunk at once."""
     gen = torch.Generator().manual_seed(13)
     cases = []
     for T, chunk in _CHUNK_SPECS:
-        q, k, v, g = _inputs(gen, 2, 2, T, 4, 3)
+        q, k, v, g = _inputs(gen, 2, 2, T, 4, 3, channels=True)
         if T == 64:
             g = torch.zeros_like(g)  # no decay: plain linear attention
+        if T == 32:  # one decay per head, the same on every channel (Mamba-2's and RetNet's case)
+            g = g[..., :1].expand_as(g).contiguous()
         if T == 45:  # very strong decays (about e^-800 over a chunk): e^G underflows to 0 in float64, so the decay
             g = -100.0 * torch.rand(g.shape, generator=gen, dtype=torch.float64)  # must be e^(G_r - G_s), not a ratio
+        if T == 128 and chunk == 32:  # channels that forget at very different rates, as a trained gate's do
+            g = g * torch.tensor([0.01, 0.3, 3.0, 10.0], dtype=torch.float64)
         s0 = torch.zeros(2, 2, 4, 3, dtype=torch.float64) if T == 8 else 0.5 * _randn(gen, 2, 2, 4, 3)
         cases.append(Case(f"T = {T}, chunks of {chunk}" + (", g = 0" if T == 64 else "") +
+                          (", one decay per head" if T == 32 else "") +
+                          (", channels decaying at very different rates" if (T, chunk) == (128, 32) else "") +
                           (", very strong decay" if T == 45 else "") + (", zero initial state" if T == 8 else ""),
                           (q, k, v, g, s0, chunk), expected=_decay_reference(q, k, v, g, s0, chunk),
                           rtol=1e-7, atol=1e-8))

@@ -10,16 +10,20 @@ import torch
 import torch.nn.functional as F
 
 
+# Exercise 1's breakers take g (B, H, T, Dk): one log-decay per token, head and key channel.
+
+
 def _breaker_chunk_loop(q, k, v, g, initial_state, chunk_size):
     """Chunk by chunk in a Python loop, the state carried (the package's way): right, but one step per chunk."""
     S, outs, states = initial_state, [], [initial_state]
     for a in range(0, q.shape[2], chunk_size):
         qc, kc, vc, G = q[:, :, a:a + chunk_size], k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], \
-            g[:, :, a:a + chunk_size].cumsum(-1)
-        keep = torch.ones(G.shape[-1], G.shape[-1], dtype=torch.bool).tril()
-        w = (qc @ kc.transpose(-2, -1)) * (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()
-        outs.append((qc * G[..., None].exp()) @ S + w @ vc)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+            g[:, :, a:a + chunk_size].cumsum(-2)
+        keep = torch.ones(G.shape[-2], G.shape[-2], dtype=torch.bool).tril()[..., None]
+        decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -math.inf).exp()  # (B,H,c,c,Dk)
+        w = torch.einsum("bhrd,bhsd,bhrsd->bhrs", qc, kc, decay)
+        outs.append((qc * G.exp()) @ S + w @ vc)
+        S = S * G[..., -1, :, None].exp() + (kc * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ vc
         states.append(S)
     return torch.cat(outs, 2), torch.stack(states, 2)
 
@@ -29,7 +33,7 @@ def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
     S = initial_state
     outs, states = [], [S]
     for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
+        S = S * g[:, :, t, :, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
         if (t + 1) % chunk_size == 0 or t + 1 == q.shape[2]:
             states.append(S)
@@ -37,32 +41,35 @@ def _breaker_token_loop(q, k, v, g, initial_state, chunk_size):
 
 
 def _breaker_quadratic(q, k, v, g, initial_state, chunk_size):
-    """The (T, T) masked product, and the boundary states from every key at once: right, but quadratic in T."""
-    G = g.cumsum(-1)
+    """The (T, T) masked product, one mask per channel, and the boundary states from every key at once: right, but
+    quadratic in T."""
+    G = g.cumsum(-2)  # (B,H,T,Dk)
     T = q.shape[2]
-    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    o = ((q @ k.transpose(-2, -1)) * diff.exp()) @ v + (q * G[..., None].exp()) @ initial_state
+    keep = torch.ones(T, T, dtype=torch.bool).tril()[..., None]
+    diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, float("-inf"))  # (B,H,T,T,Dk)
+    o = torch.einsum("bhrd,bhsd,bhrsd->bhrs", q, k, diff.exp()) @ v + (q * G.exp()) @ initial_state
     ends = torch.tensor([min(e, T) for e in range(0, T + chunk_size, chunk_size)][:-(-T // chunk_size) + 1])
-    Gb = F.pad(G, (1, 0))[..., ends]  # (B,H,n+1) log-decay from the start to each boundary
-    w = (Gb[..., :, None] - G[..., None, :]).masked_fill(torch.arange(T)[None, :] >= ends[:, None], float("-inf"))
-    states = torch.einsum("bhns,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None, None] * initial_state[:, :, None]
+    Gb = F.pad(G, (0, 0, 1, 0))[..., ends, :]  # (B,H,n+1,Dk) log-decay from the start to each boundary
+    w = (Gb[..., :, None, :] - G[..., None, :, :]).masked_fill((torch.arange(T)[None, :] >= ends[:, None])[..., None],
+                                                               float("-inf"))  # (B,H,n+1,T,Dk)
+    states = torch.einsum("bhnsk,bhsk,bhsv->bhnkv", w.exp(), k, v) + Gb.exp()[..., None] * initial_state[:, :, None]
     return o, states
 
 
 def _breaker_rows_against_all_keys(q, k, v, g, initial_state, chunk_size):
     """A chunk of queries at a time, but against every earlier key (tiled, no state carried): quadratic in T."""
-    G = g.cumsum(-1)
+    G = g.cumsum(-2)  # (B,H,T,Dk)
     T = q.shape[2]
     outs, states = [], [initial_state]
     for a in range(0, T, chunk_size):
         b = min(a + chunk_size, T)
-        diff = G[..., a:b, None] - G[..., None, :b]  # (B,H,c,b)
-        keep = torch.arange(a, b)[:, None] >= torch.arange(b)[None, :]
-        w = (q[:, :, a:b] @ k[:, :, :b].transpose(-2, -1)) * diff.masked_fill(~keep, float("-inf")).exp()
-        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, None].exp()) @ initial_state)
-        rest = (G[..., b - 1:b] - G[..., :b]).exp()  # (B,H,b) decay from each key to the boundary
-        states.append((k[:, :, :b] * rest[..., None]).transpose(-2, -1) @ v[:, :, :b]
-                      + G[..., b - 1, None, None].exp() * initial_state)
+        diff = G[..., a:b, None, :] - G[..., None, :b, :]  # (B,H,c,b,Dk)
+        keep = (torch.arange(a, b)[:, None] >= torch.arange(b)[None, :])[..., None]
+        w = torch.einsum("bhrd,bhsd,bhrsd->bhrs", q[:, :, a:b], k[:, :, :b], diff.masked_fill(~keep, float("-inf")).exp())
+        outs.append(w @ v[:, :, :b] + (q[:, :, a:b] * G[..., a:b, :].exp()) @ initial_state)
+        rest = (G[..., b - 1:b, :] - G[..., :b, :]).exp()  # (B,H,b,Dk) decay from each key to the boundary
+        states.append((k[:, :, :b] * rest).transpose(-2, -1) @ v[:, :, :b]
+                      + G[..., b - 1, :, None].exp() * initial_state)
     return torch.cat(outs, 2), torch.stack(states, 2)
 
 
