@@ -14,6 +14,7 @@ from torch import nn
 from attncourse import MultiHeadAttention, TransformerBlock
 from attncourse.classroom import checks
 from attncourse.classroom.checks import ch04
+from test_edits import cell_function
 from test_exercise_standard import grader_reply, judge
 from test_salting import SALT, _grader as salted_grader
 
@@ -93,7 +94,7 @@ def test_mha_per_head(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 2. find the bug
 
 
-def mha_fixed(x, w_q, w_k, w_v, w_o, n_heads):
+def mha_rewrite(x, w_q, w_k, w_v, w_o, n_heads):  # right values, written afresh: no diagnosis of the given code
     q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
@@ -141,6 +142,13 @@ def fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
         return m(x, x, x, need_weights=False)[0]
 
 
+# the minimal fix: the heads split and merged through (B, T, H, D), 16 tokens changed on lines 3 and 5
+mha_fixed = cell_function(ch04.BUGGY_MHA.replace("reshape(B, n_heads, T, d // n_heads)",
+                                                 "reshape(B, T, n_heads, d // n_heads).transpose(1, 2)")
+                          .replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+                          .replace("def mha_buggy(", "def mha_fixed("), "mha_fixed", {"torch": torch, "math": math})
+
+
 def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("04-find-the-bug-1", mha_fixed)
     checks.check("04-head-scale-bug", mha_fixed)  # the earlier id still grades
@@ -148,6 +156,7 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
     assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
     for wrong in (mha_buggy, mha_scaled_by_d, mha_split_fixed_only_in):
         refused("04-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
+    assert "not the way" in refused("04-find-the-bug-1", mha_rewrite, tmp_path, monkeypatch, called=False)
     for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
         refused("04-find-the-bug-1", route, tmp_path, monkeypatch)
 

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from attncourse import MultiHeadAttention, mha_to_gqa
 from attncourse.classroom import checks
-from attncourse.classroom.checks import ch05
+from attncourse.classroom.checks import ch05, ch05_given
 from test_ch04_checks import graded, refused
+from test_edits import cell_function
 from test_exercise_standard import as_learner
 
 
@@ -97,7 +98,7 @@ def test_grouped_attention_refuses_every_copy_of_k_and_v(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 2. and 3. find the bug
 
 
-def mqa_fixed(x, w_q, w_k, w_v, w_o, n_heads):
+def mqa_rewrite(x, w_q, w_k, w_v, w_o, n_heads):  # right values, written afresh: no diagnosis of the notes' code
     B, T, d = x.shape
     q = (x @ w_q.T).view(B, T, n_heads, -1).transpose(1, 2)
     k, v = ((x @ w.T).view(B, 1, T, -1) for w in (w_k, w_v))
@@ -147,11 +148,26 @@ def gqa_aten(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     return out.transpose(1, 2).reshape(B, T, d) @ w_o.T
 
 
+def _edit_mqa(*pairs):
+    source = ch05_given.BUGGY_MQA.replace("def mqa_buggy(", "def mqa_fixed(")
+    for old, new in pairs:
+        assert old in source
+        source = source.replace(old, new)
+    return cell_function(source, "mqa_fixed", {"torch": torch, "math": math})
+
+
+# the minimal fix: time second-to-last in q, k and v, the heads merged back, the weights no longer returned
+mqa_fixed = _edit_mqa(("view(B, T, n_heads, D)", "view(B, T, n_heads, D).transpose(1, 2)"),
+                      ("view(B, T, 1, D)", "view(B, 1, T, D)"),
+                      ("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape"), ("w_o.T, weights", "w_o.T"))
+
+
 def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("05-find-the-bug-1", mqa_fixed)
     checks.check("05-mqa-axis-bug", mqa_fixed)  # the earlier id still grades
     assert graded("05-mqa-axis-bug", mqa_fixed, tmp_path, monkeypatch) == "passed"
     refused("05-find-the-bug-1", mqa_buggy, tmp_path, monkeypatch, called=False)
+    assert "not the way" in refused("05-find-the-bug-1", mqa_rewrite, tmp_path, monkeypatch, called=False)
     for route in (with_course_module, mqa_aten, ch05._mqa_by_module):
         refused("05-find-the-bug-1", route, tmp_path, monkeypatch)
 

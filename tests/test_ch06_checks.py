@@ -14,18 +14,24 @@ from attncourse.classroom import checks
 from attncourse.classroom.checks import ch06
 from attncourse.positions import alibi_bias_at, apply_rope, grouped_alibi_bias, rope_permutation
 from test_ch04_checks import graded, refused
+from test_edits import cell_function
 
 
 # ----------------------------------------------------------------------------- 1. slopes (bug)
 
 
-def slopes_fixed(n_heads, max_bias=8.0):
+def slopes_rewrite(n_heads, max_bias=8.0):  # Press et al.'s get_slopes written afresh: no diagnosis
     def power_of_two(n):
         return [2 ** (-max_bias * (h + 1) / n) for h in range(n)]
 
     p = 2 ** math.floor(math.log2(n_heads))
     extra = power_of_two(2 * p)[0::2][: n_heads - p] if p < n_heads else []
     return torch.tensor(power_of_two(p) + extra)
+
+
+# the minimal fix: the power of two at or below the head count, 3 tokens on the given function's line 2
+slopes_fixed = cell_function(ch06.BUGGY_SLOPES.replace("round(", "math.floor(").replace("def slopes_buggy(", "def slopes_fixed("),
+                             "slopes_fixed", {"torch": torch, "math": math})
 
 
 def slopes_buggy(n_heads, max_bias=8.0):  # the exercise's engine: the power of two rounded to the nearest
@@ -64,6 +70,8 @@ def test_slopes_bug(tmp_path, monkeypatch):
     assert graded("06-find-the-bug-1", slopes_fixed, tmp_path, monkeypatch) == "passed"
     for wrong in (slopes_buggy, slopes_consecutive, slopes_lesson_rule, slopes_only_power_of_two, slopes_geometric):
         refused("06-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
+    assert torch.equal(slopes_rewrite(12, 4.0), slopes_fixed(12, 4.0))
+    assert "not the way" in refused("06-find-the-bug-1", slopes_rewrite, tmp_path, monkeypatch, called=False)
     for route in (lambda h, b=8.0: alibi_slopes(h) ** (b / 8), lambda h, b=8.0: (-alibi_bias(h, 2)[:, 1, 0]) ** (b / 8),
                   lambda h, b=8.0: (-grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]) ** (b / 8),
                   ch06._slopes_reference):
@@ -160,7 +168,13 @@ def test_rope_convert(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- 7. encoder ALiBi (bug)
 
 
-def encoder_alibi_bias(n_heads, seq_len):
+# the minimal fix: the keys after the query get minus the decoder's bias, on the given function's last line
+encoder_alibi_bias = cell_function(ch06.BUGGY_ENCODER.replace("before.flip(-1)", "-before")
+                                   .replace("def encoder_alibi_buggy(", "def encoder_alibi_bias("),
+                                   "encoder_alibi_bias", {"torch": torch, "alibi_slopes": alibi_slopes})
+
+
+def encoder_rewrite(n_heads, seq_len):  # the bias written afresh from its formula: no diagnosis
     pos = torch.arange(seq_len)
     return -alibi_slopes(n_heads)[:, None, None] * (pos[None, :] - pos[:, None]).abs().float()
 
@@ -170,6 +184,7 @@ def test_encoder_alibi(tmp_path, monkeypatch):
     checks.check("06-encoder-alibi", encoder_alibi_bias)  # the earlier id still grades
     assert graded("06-find-the-bug-2", encoder_alibi_bias, tmp_path, monkeypatch) == "passed"
     refused("06-find-the-bug-2", lambda h, t: alibi_bias(h, t), tmp_path, monkeypatch)  # the decoder's bias
+    assert "not the way" in refused("06-find-the-bug-2", encoder_rewrite, tmp_path, monkeypatch, called=False)
 
     def buggy(n_heads, seq_len):  # the notebook's: right on the middle query and the last one only
         pos = torch.arange(seq_len)

@@ -197,7 +197,17 @@ def paged_decode(position_of_page):
     return decode
 
 
-paged_fixed = paged_decode(lambda i, p, page: i * page)
+paged_rewrite = paged_decode(lambda i, p, page: i * page)  # right values, the given step not edited: refused
+
+
+def _paged_fixed():  # the minimal fix: the page's place in the table, 1 token on the given step's line 12
+    from attncourse.classroom.checks.ch11_given import BUGGY_PAGED
+    from test_edits import cell_function
+    source = BUGGY_PAGED.replace("key_pos = p * page", "key_pos = i * page").replace("decode(", "decode_fixed(", 1)
+    return cell_function(source, "paged_alibi_decode_fixed", {"torch": torch, "math": math})
+
+
+paged_fixed = _paged_fixed()
 
 
 def test_paged_alibi_bug(tmp_path, monkeypatch):
@@ -241,7 +251,10 @@ def test_paged_alibi_bug(tmp_path, monkeypatch):
         return paged_alibi_reference(query, k_pages, v_pages, block_table, length, slopes)
 
     refused("11-find-the-bug-1", package, tmp_path, monkeypatch, because="called attncourse")
-    refuses_breakers("11-find-the-bug-1", tmp_path, monkeypatch, because="whole sequence")
+    refused("11-find-the-bug-1", as_learner(paged_rewrite), tmp_path, monkeypatch, because="not the way")
+    breakers = checks.get("11-find-the-bug-1").breakers
+    refused("11-find-the-bug-1", breakers[0], tmp_path, monkeypatch, because="whole sequence")
+    refused("11-find-the-bug-1", breakers[1], tmp_path, monkeypatch, because="not the way")
 
 
 # ----------------------------------------------------------------------------- 5. predict the ring's bytes

@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from attncourse.classroom import checks
-from exercise_routes import NOT_THE_WAY, accepted, failure, refused  # noqa: E402
+from attncourse.classroom.checks.ch13 import boundary_states
+from exercise_routes import NOT_THE_WAY, accepted, as_learner, failure, refused  # noqa: E402
+
+_boundary_states = as_learner(boundary_states)  # the checks module's state loop, as if typed in a cell
 
 
 # The breakers (right outputs computed the wrong way) are run by check and grader for every chapter in
@@ -62,17 +65,12 @@ def chunks_at_once(q, k, v, g, initial_state, chunk_size):
 
 def with_initial_state(route):
     """An answer to the old exercise (zero initial state, the output only), completed by test code: the initial
-    state's share of every output added and the boundary states carried chunk by chunk. Whatever `route` does wrong
-    (its layout, its work, its arithmetic) stays. The state loop repeats checks/ch13.py's `_shortcut_parallel` on
-    purpose: an answer that called the checks module would be refused for that call, not for what `route` does."""
+    state's share of every output added and the boundary states carried chunk by chunk (checks/ch13.py's
+    `boundary_states`, run as learner code: an answer that called the checks module would be refused for that call,
+    not for what `route` does). Whatever `route` does wrong (its layout, its work, its arithmetic) stays."""
     def answer(q, k, v, g, initial_state, chunk_size):
         o = route(q, k, v, g, chunk_size) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
-        S, states = initial_state, [initial_state]
-        for a in range(0, q.shape[2], chunk_size):
-            kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
-            S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-            states.append(S)
-        return o, torch.stack(states, 2)
+        return o, _boundary_states(k, v, g, initial_state, chunk_size)
 
     answer.__name__ = route.__name__
     return answer

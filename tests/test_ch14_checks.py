@@ -101,11 +101,17 @@ def test_gate_package_mask_is_not_an_answer():
 # ----------------------------------------------------------------------------- 2. the bug
 
 
+def block_gate(q, k, block):
+    """MoBA's gate for (H, T, D) inputs: (H, T, nB) scores of each query against each block's mean key, and nB.
+    Shared by the answers below (test code: the guard lets an answer call it)."""
+    nb = -(-k.shape[1] // block)
+    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)  # (H, nB, D)
+    return q @ means.transpose(-2, -1), nb
+
+
 def moba_attention_fixed(q, k, v, block_size, top_k):
     h, t, d = q.shape
-    nb = -(-t // block_size)
-    means = torch.stack([k[:, i * block_size:(i + 1) * block_size].mean(1) for i in range(nb)], 1)
-    gate = q @ means.transpose(-2, -1)
+    gate, nb = block_gate(q, k, block_size)
     own = torch.arange(t) // block_size
     earlier = torch.arange(nb)[None, :] < own[:, None]
     out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
@@ -415,10 +421,8 @@ def test_bug_dense_on_laundered_copies_refused(tmp_path, monkeypatch):
 def _laundered_selection(q, k, block, top_k):
     """Copies of K and V that escape read tracking, and MoBA's selection (H, T, nB)."""
     h, t, d = q.shape
-    nb = -(-t // block)
     kc = k.unsqueeze(0).sum(0)
-    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)
-    gate = q @ means.transpose(-2, -1)
+    gate, nb = block_gate(q, k, block)
     own, blocks = torch.arange(t)[:, None] // block, torch.arange(nb)[None, :]
     rank = gate.masked_fill(blocks >= own, -math.inf).argsort(-1, descending=True).argsort(-1)
     return kc, (rank < top_k - 1) & (blocks < own) | (blocks == own)
@@ -463,9 +467,7 @@ def query_tiles_over_copies(q, k, v, block, top_k):
 def gathered_selection(q, k, v, block, top_k):
     """A right answer laid out differently: per query, its selected blocks gathered, then one update."""
     h, t, d = q.shape
-    nb = -(-t // block)
-    means = torch.stack([k[:, i * block:(i + 1) * block].mean(1) for i in range(nb)], 1)
-    gate = q @ means.transpose(-2, -1)
+    gate, _ = block_gate(q, k, block)
     out = torch.empty(h, t, v.shape[-1], dtype=q.dtype)
     for hh in range(h):
         for i in range(t):
@@ -517,18 +519,11 @@ def test_recall_every_query_behind_an_inserted_dim_refused(tmp_path, monkeypatch
 
 def test_gate_every_score_one_query_row_at_a_time_refused(tmp_path, monkeypatch):
     """Review 6: each query against every key, one row at a time, then block means. No tensor is T x T, but the
-    work is: the bound on the total entries taken in refuses it."""
-    def row_scores(query, key, block_size, top_k):
-        h, t, s_len = query.shape[1], query.shape[2], key.shape[2]
-        nb = -(-s_len // block_size)
-        kr = key.repeat_interleave(h // key.shape[1], dim=1)
-        rows = []
-        for i in range(t):
-            sc = (kr * query[:, :, i:i + 1, :]).sum(-1)
-            rows.append(torch.stack([sc[..., j * block_size:(j + 1) * block_size].mean(-1) for j in range(nb)], -1))
-        return rank_blocks(torch.stack(rows, 2), s_len, block_size, top_k)
+    work is: the bound on the total entries taken in refuses it. The route is the exercise's breaker, run as learner
+    code by `refused`."""
+    from attncourse.classroom.checks.ch14_breakers import _breaker_row_scores
 
-    msg, graded = refused("14-moba-gate", row_scores, tmp_path, monkeypatch)
+    msg, graded = refused("14-moba-gate", _breaker_row_scores, tmp_path, monkeypatch)
     assert "entries in all" in msg and "entries in all" in graded, msg
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from attncourse.mha import MultiHeadAttention
 from attncourse.transformer import TransformerBlock
-from . import Case, exercise
+from . import Case, edits, exercise
 
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
            "torch.nn.MultiheadAttention", "attncourse.scaled_dot_product_attention",
@@ -128,11 +128,36 @@ def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
         return m(x, x, x, need_weights=False)[0]
 
 
+# The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
+BUGGY_MHA = '''\
+def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
+    B, T, d = x.shape
+    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))  # (B, H, T, D) each
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)   # (B, H, T, T)
+    return (weights @ v).reshape(B, T, d) @ w_o.T
+'''
+FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=28, lines=(3, 5),
+                          names=("view", "unflatten", "flatten", "permute", "swapaxes", "swapdims", "movedim",
+                                 "contiguous", "mT"))
+
+
+def _breaker_rewrite_mha(x, w_q, w_k, w_v, w_o, n_heads):
+    """Multi-head attention written from the paper's formula without reading the given code: right values,
+    refused as no edit of the given function."""
+    b, t, d = x.shape
+    heads = [(x @ w.T).view(b, t, n_heads, d // n_heads).permute(0, 2, 1, 3) for w in (w_q, w_k, w_v)]
+    q, k, v = heads  # (B, H, T, D) each
+    weights = (q @ k.mT * (d // n_heads) ** -0.5).softmax(-1)  # (B, H, T, T)
+    return (weights @ v).permute(0, 2, 1, 3).reshape(b, t, d) @ w_o.T
+
+
 @exercise("04-find-the-bug-1", "mha_fixed", points=2, category="bug", forbid=_FORBID, aliases=("04-head-scale-bug",),
           allow=(), ops=("attention",),
           shortcuts=(_fixed_by_module, _fixed_by_course_class, _fixed_by_aten_math, _fixed_by_torch_module),
-          prop_doc="output equality is the property: the fix is in the colleague's own arithmetic, and with "
-                   "PyTorch's attention kernels and the course's module refused it must be found there",
+          prop=edits.prop(FIX_MHA, "`mha_fixed`"), trace=False, breakers=(_breaker_rewrite_mha,),
+          prop_doc="the diagnosis: the right output for 1 to 8 heads, from the given function with a small edit "
+                   "where it is wrong (a layer written afresh, or the course's module with the weights copied in, "
+                   "does not show the bug was found)",
           bug_words=("without transpos", "missing transpos", "no transpose", "forgets to transpose",
                      "transpose is missing", "mixes tokens", "mixes positions", "heads and tokens",
                      "token axis", "interleaves", "reshape instead", "view instead", "wrong split", "split wrong",

@@ -10,7 +10,8 @@ import torch
 from attncourse.gqa import grouped_attention, kv_cache_bytes, mha_to_gqa, model_config
 from attncourse.mha import MultiHeadAttention
 from attncourse.mla import mla_as_mha_cache_bytes, mla_cache_bytes
-from . import Case, exercise
+from . import Case, edits, exercise
+from .ch05_given import FIX_MQA, _breaker_rewrite_mqa
 from .kv_copies import (_breaker_broadcast_matmul, _breaker_expand_reshape, _breaker_index_select,
                         _breaker_per_head_copies, _breaker_per_head_loop, _breaker_repeat_interleave, _no_kv_copy)
 from .predictions import NOT_RIGHT
@@ -111,8 +112,10 @@ def _mqa_by_aten(x, w_q, w_k, w_v, w_o, n_heads):  # PyTorch's reference attenti
 
 @exercise("05-find-the-bug-1", "mqa_fixed", points=2, category="bug", forbid=_NO_KERNEL, aliases=("05-mqa-axis-bug",),
           allow=(), ops=("attention",), shortcuts=(_mqa_by_module, _mqa_by_aten),
-          prop_doc="output equality is the property: the fix lies in the notes' own arithmetic, and with the "
-                   "attention kernels and the course's module refused it must be found there",
+          prop=edits.prop(FIX_MQA, "`mqa_fixed`"), trace=False, breakers=(_breaker_rewrite_mqa,),
+          prop_doc="the diagnosis: the right output for 2 to 8 query heads, from the notes' function with a small "
+                   "edit where it is wrong (an MQA written afresh, or the course's module with the weights copied "
+                   "in, does not show the bug was found)",
           bug_words=("only to itself", "axis of size one", "size-1 axis", "its own key only", "axis of size 1",
                      "wrong axis", "softmax over the", "softmax ran over", "over a single", "its own value",
                      "every weight is 1", "every weight is one", "all weights are 1", "weights are all 1",

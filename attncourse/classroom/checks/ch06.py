@@ -9,7 +9,7 @@ import torch
 from attncourse.masks import causal_bottom_right, materialize
 from attncourse.positions import (alibi_bias, alibi_bias_at, alibi_slopes, apply_rope, grouped_alibi_bias,
                                   rope_permutation)
-from . import Case, exercise
+from . import Case, edits, exercise
 from .predictions import NOT_RIGHT
 
 
@@ -31,11 +31,54 @@ def _slopes_by_library_rescaled(n_heads, max_bias=8.0):  # the course's slopes r
     return alibi_slopes(n_heads) ** (max_bias / 8.0)       # numbers, reached through the library
 
 
+# The given functions exactly as the exercise notebook shows them (tests/test_edits.py compares the two).
+BUGGY_SLOPES = '''\
+def slopes_buggy(n_heads, max_bias=8.0):
+    p = 2 ** round(math.log2(n_heads))                        # the closest power of two to n_heads
+    base = 2 ** (-max_bias / p)
+    slopes = [base ** k for k in range(1, p + 1)][:n_heads]   # the slopes of p heads, one per head
+    if p < n_heads:
+        extra_base = 2 ** (-max_bias / (2 * p))               # the slopes of 2p heads are powers of this one
+        slopes += [extra_base ** k for k in range(1, 2 * (n_heads - p), 2)]  # odd powers fall between the p
+    return torch.tensor(slopes)
+'''
+FIX_SLOPES = edits.SmallEdit(BUGGY_SLOPES, most=8, lines=(2,), names=("floor", "int", "trunc", "bit_length"))
+
+BUGGY_ENCODER = '''\
+def encoder_alibi_buggy(n_heads, seq_len):
+    pos = torch.arange(seq_len)
+    signed = (pos[None, :] - pos[:, None]).float()                  # (T, T): j - i
+    before = alibi_slopes(n_heads)[:, None, None] * signed           # (H, T, T): m_h (j - i), right for j <= i
+    return torch.where(signed <= 0, before, before.flip(-1))
+'''
+FIX_ENCODER = edits.SmallEdit(BUGGY_ENCODER, most=8, lines=(5,), names=("abs", "neg"))
+
+
+def _breaker_rewrite_slopes(n_heads, max_bias=8.0):
+    """Press et al.'s get_slopes with 8 replaced by max_bias, written afresh: right values, refused as no edit of
+    the given function."""
+    def power_of_two(n):
+        return [2 ** (-max_bias * (k + 1) / n) for k in range(n)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * below)[0::2][:n_heads - below] if below < n_heads else []
+    return torch.tensor(power_of_two(below) + extra)
+
+
+def _breaker_rewrite_encoder(n_heads, seq_len):
+    """The bidirectional bias written from its formula without reading the given code: right values, refused."""
+    from attncourse.positions import alibi_slopes as slopes_of
+    distance = (torch.arange(seq_len)[None, :] - torch.arange(seq_len)[:, None]).abs().float()  # (T, T)
+    return -slopes_of(n_heads)[:, None, None] * distance
+
+
 @exercise("06-find-the-bug-1", "alibi_slopes_fixed", points=2, category="bug", aliases=("06-slopes-bug",),
           forbid=("attncourse.positions.alibi_slopes",), allow=(), ops=(),
           shortcuts=(_slopes_by_library_rescaled, _slopes_from_bias),
-          prop_doc="output equality is the property: the slopes are a list of numbers, and every course function "
-                   "that holds them (the slopes, the bias, the grouped bias) is refused",
+          prop=edits.prop(FIX_SLOPES, "`alibi_slopes_fixed`"), trace=False, breakers=(_breaker_rewrite_slopes,),
+          prop_doc="the diagnosis: the right slopes for every head count and max_bias, from the engine's function "
+                   "with a small edit where it is wrong (Press et al.'s get_slopes written afresh does not show the "
+                   "bug was found); every course function that holds the slopes is refused",
           bug_words=("nearest power", "rounds to", "rounded to", "rounds up", "rounded up", "round up",
                      "rounding up", "math.floor", "instead of floor", "floor instead", "log2 rounded",
                      "closest power of two above", "larger power of two"),
@@ -247,8 +290,10 @@ def _encoder_by_bias_at(n_heads, seq_len):
 
 @exercise("06-find-the-bug-2", "encoder_alibi_bias", points=2, category="bug", aliases=("06-encoder-alibi",),
           allow=("attncourse.positions.alibi_slopes",), ops=(), shortcuts=(_encoder_by_abs, _encoder_by_bias_at),
-          prop_doc="output equality is the property: the bias is a tensor formula given the slopes (allowed); every "
-                   "course function that builds a bias is refused",
+          prop=edits.prop(FIX_ENCODER, "`encoder_alibi_bias`"), trace=False, breakers=(_breaker_rewrite_encoder,),
+          prop_doc="the diagnosis: the right bias for every query of several lengths, from the notes' function with "
+                   "a small edit where it is wrong (the bias written afresh from its formula does not show the bug "
+                   "was found); every course function that builds a bias is refused",
           bug_words=("flipped", "flips the", "mirror", "reversed", "reverses", "reverse the", "wrong axis", "wrong dim",
                      "only the middle", "middle row only", "seq_len - 1", "T - 1 - j", "T-1-j"),
           hint="printing one row of one head proves little: the bias should depend on the distance from the query "

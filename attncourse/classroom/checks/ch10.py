@@ -263,12 +263,13 @@ def _breaker_decode(query, key, value):
 def _decode_bug_cases():
     """Find and fix the bug in a one-token decode kernel.
 
-    Not graded as a small edit (checks/edits.py), unlike the find-the-bug exercises of chapters 01-03, 07-09 and
-    12-14: the answer is a launcher, and the code that holds the fix is the Triton kernel it launches, whose source the
-    guard does not record (it records the answer function's own). What stands in for it: ``in_kernel`` (every case a
-    launch, nothing computed or gathered in PyTorch around it) and the forbidden package kernels, so an answer must be
-    a decode kernel of the learner's own; one written from scratch passes, and so would the package's kernel source
-    pasted under a new name, a route left open until the guard records the launched kernel's source."""
+    Not graded as a small edit (checks/edits.py), unlike the other chapters' find-the-bug exercises (all but
+    05-find-the-bug-2, see checks/ch05_given.py): the answer is a launcher, and the code that holds the fix is the
+    Triton kernel it launches, whose source the guard does not record (it records the answer function's own). What
+    stands in for it: ``in_kernel`` (every case a launch, nothing computed or gathered in PyTorch around it) and the
+    forbidden package kernels, so an answer must be a decode kernel of the learner's own; one written from scratch
+    passes, and so would the package's kernel source pasted under a new name, a route left open until the guard
+    records the launched kernel's source."""
     gen = torch.Generator().manual_seed(12)
     cases = []
     for name, (b, h, h_kv, t_k, d) in {

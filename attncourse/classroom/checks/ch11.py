@@ -16,7 +16,8 @@ from attncourse.online_softmax import AttentionState, finalize_attention_state, 
 from attncourse.paged_cache import PagedKVCache, paged_attention
 from attncourse.ring import ring_bytes_per_rank
 from attncourse.scheduler import random_workload, simulate
-from . import Case, exercise
+from . import Case, edits, exercise
+from .ch11_given import FIX_PAGED, _breaker_rewrite_paged
 
 # The configuration of the prediction: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
 RING_CONFIG = dict(batch=1, n_kv_heads=8, seq_len=131072, head_dim=128, world_size=8, bytes_per_element=2)
@@ -274,10 +275,11 @@ def _page_by_page(runs) -> str | None:
 @exercise("11-find-the-bug-1", "paged_alibi_decode_fixed", points=2, category="bug", aliases=("11-paged-alibi-bug",),
           forbid=("attncourse.paged_cache.paged_attention", "attncourse.paged_cache.PagedKVCache.gather",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
-          allow=(), ops=("attention",), prop=_page_by_page,
-          prop_doc="the fixed step still reads the pages in place one at a time: no tensor holds the whole sequence, "
-                   "nor more than two pages' keys for every head",
-          breakers=(_breaker_paged_alibi,),
+          allow=(), ops=("attention",), prop=edits.prop(FIX_PAGED, "`paged_alibi_decode_fixed`", also=_page_by_page),
+          prop_doc="the diagnosis: the fixed step still reads the pages in place one at a time (no tensor holds the "
+                   "whole sequence, nor more than two pages' keys for every head), and it is the given step with a "
+                   "small edit where it is wrong (a paged decode written afresh does not show the bug was found)",
+          breakers=(_breaker_paged_alibi, _breaker_rewrite_paged),
           bug_words=("physical", "logical", "page number", "page id", "page's number", "pool index",
                      "holds positions", "table holds"),
           hint="the first tests use block tables of one particular kind; build a pool the way a server fills one "

@@ -159,16 +159,23 @@ def _shortcut_chunked(q, k, v, g, initial_state, chunk_size):
     return torch.cat(outs, 2), torch.stack(states, 2)
 
 
+def boundary_states(k, v, g, initial_state, chunk_size):
+    """(B, H, n + 1, Dk, Dv): the state before each chunk and after the last, carried chunk by chunk. Shared with
+    tests/test_ch13_checks.py, which runs it as learner code (``as_learner``) so that the guard does not refuse the
+    call into this module."""
+    S, states = initial_state, [initial_state]
+    for a in range(0, k.shape[2], chunk_size):
+        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
+        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
+        states.append(S)
+    return torch.stack(states, 2)
+
+
 def _shortcut_parallel(q, k, v, g, initial_state, chunk_size):
     """The package's masked (T, T) form for the outputs (plus the initial state's share), the states by hand: must be
     refused."""
     o = la.parallel(q, k, v, g, scale=1.0) + (q * g.cumsum(-1)[..., None].exp()) @ initial_state
-    S, states = initial_state, [initial_state]
-    for a in range(0, q.shape[2], chunk_size):
-        kc, vc, G = k[:, :, a:a + chunk_size], v[:, :, a:a + chunk_size], g[:, :, a:a + chunk_size].cumsum(-1)
-        S = S * G[..., -1, None, None].exp() + (kc * (G[..., -1:] - G)[..., None].exp()).transpose(-2, -1) @ vc
-        states.append(S)
-    return o, torch.stack(states, 2)
+    return o, boundary_states(k, v, g, initial_state, chunk_size)
 
 
 def _with_package_mask(mask_of, name: str):

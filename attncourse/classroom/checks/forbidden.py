@@ -127,13 +127,9 @@ def source_of(func):
     except (OSError, TypeError, SyntaxError) as err:
         return {"why": f"{type(err).__name__}: {err}"[:200]}
     found = [c for c in compiled.co_consts if isinstance(c, types.CodeType) and c.co_name == code.co_name]
-    # The whole cell (or file) too: CPython compiles `math.sqrt(x)` one way when the same text imports `math` and
-    # another when it does not, so a function's text alone may not give its bytecode; the cell's text must.
-    import linecache
-
-    whole = "".join(linecache.getlines(code.co_filename))
-    try:
-        found.extend(_code_objects(compile(whole, code.co_filename, "exec"), code.co_name, code.co_firstlineno))
+    try:  # and the whole cell: CPython compiles `math.sqrt(x)` otherwise when the same text imports `math`
+        whole = compile("".join(__import__("linecache").getlines(code.co_filename)), code.co_filename, "exec")
+        found.extend(_code_objects(whole, code.co_name, code.co_firstlineno))
     except (SyntaxError, ValueError, TypeError):
         pass
     if not any(c.co_code == code.co_code and c.co_names == code.co_names for c in found):
@@ -143,13 +139,9 @@ def source_of(func):
 
 def _code_objects(code, name, line):
     """The code objects named `name` that start on `line`, anywhere inside `code`."""
-    out = []
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_name == name and const.co_firstlineno == line:
-                out.append(const)
-            out.extend(_code_objects(const, name, line))
-    return out
+    inner = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return [c for c in inner if (c.co_name, c.co_firstlineno) == (name, line)] + \
+        [found for c in inner for found in _code_objects(c, name, line)]
 
 
 def normalise(name):
