@@ -405,8 +405,8 @@ def _same_fit(seed):
 
 
 @exercise("03-variance-fit", "fit_exponents", points=1, category="experiment", allow=(),
-          hint="call your dot_product_variance at every std (d_k = 64) and every d_k (std = 1), each point with its "
-               "own seed, and return the two least-squares slopes of log(variance) in log-log")
+          hint="which seed does each of the nine points get, and what straight line through the log-log points "
+               "gives the exponent?")
 def _variance_fit():
     """Fit the exponents of std and d_k from seeded measurements: typed exponents are not this seed's fit."""
     return [Case(f"seed={seed}", (seed,), expected=reference_exponents(seed), compare=_same_fit(seed))
