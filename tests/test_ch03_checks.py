@@ -176,6 +176,28 @@ def test_variance_experiment_routes(tmp_path, monkeypatch):
     accepted("03-variance-experiment", measured, tmp_path, monkeypatch)
 
 
+def test_variance_fit_routes(tmp_path, monkeypatch):
+    def typed(seed):
+        return 4.0, 1.0
+
+    def measured(seed):
+        def var(d_k, std, n, s):
+            gen = torch.Generator().manual_seed(s)
+            q = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+            k = torch.randn(n, d_k, generator=gen, dtype=torch.float64) * std
+            return float((q * k).sum(-1).var())
+
+        def slope(xs, ys):
+            lx, ly = torch.tensor(xs, dtype=torch.float64).log(), torch.tensor(ys, dtype=torch.float64).log()
+            return float(((lx - lx.mean()) * (ly - ly.mean())).sum() / ((lx - lx.mean()) ** 2).sum())
+        stds, widths = [0.25, 0.5, 1.0, 2.0, 4.0], [16, 64, 256, 1024]
+        return (slope(stds, [var(64, s, 4000, seed + i) for i, s in enumerate(stds)]),
+                slope(widths, [var(w, 1.0, 4000, seed + 50 + i) for i, w in enumerate(widths)]))
+
+    refused("03-variance-fit", typed, tmp_path, monkeypatch, why="seed=")
+    accepted("03-variance-fit", measured, tmp_path, monkeypatch)
+
+
 # ----------------------------------------------------------------------------- the prediction is a rule
 
 from test_ch01_checks import rule_prediction_routes  # noqa: E402

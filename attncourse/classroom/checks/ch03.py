@@ -375,3 +375,39 @@ def _variance():
         cases.append(Case(f"a small sample: d_k={args[0]}, std={args[1]}, n={args[2]}, seed={args[3]}", args,
                           expected=measure_dot_variance(*args), compare=_same_draws(args)))
     return cases
+
+
+FIT_STDS, FIT_WIDTHS, FIT_N = (0.25, 0.5, 1.0, 2.0, 4.0), (16, 64, 256, 1024), 4_000
+
+
+def reference_exponents(seed: int) -> tuple[float, float]:
+    """The check's own fit: least-squares slopes of log Var(q . k) against log std (at d_k = 64) and against log d_k
+    (at std 1), the i-th point of each measured with seed + i and seed + 50 + i."""
+    def slope(xs, ys):
+        lx, ly = torch.tensor(xs, dtype=torch.float64).log(), torch.tensor(ys, dtype=torch.float64).log()
+        return float(((lx - lx.mean()) * (ly - ly.mean())).sum() / (lx - lx.mean()).pow(2).sum())
+    by_std = [measure_dot_variance(64, s, FIT_N, seed + i) for i, s in enumerate(FIT_STDS)]
+    return slope(FIT_STDS, by_std), slope(FIT_WIDTHS, [measure_dot_variance(w, 1.0, FIT_N, seed + 50 + i)
+                                                       for i, w in enumerate(FIT_WIDTHS)])
+
+
+def _same_fit(seed):
+    def rule(got, expected) -> str | None:
+        if not (isinstance(got, (tuple, list)) and len(got) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in got)):
+            return f"expected two finite floats (std_exponent, dk_exponent), got {type(got).__name__}"
+        if max(abs(g - e) for g, e in zip(got, expected)) > 1e-6:
+            return (f"seed={seed}: these are not the exponents the draws of this seed give: measure every point with "
+                    "your dot_product_variance and its own seed (seed + i for the i-th std, seed + 50 + i for the "
+                    "i-th d_k, n = 4000) and fit log(variance) against log(std) and log(d_k) by least squares")
+        return None
+    return rule
+
+
+@exercise("03-variance-fit", "fit_exponents", points=1, category="experiment", allow=(),
+          hint="which seed does each of the nine points get, and what straight line through the log-log points "
+               "gives the exponent?")
+def _variance_fit():
+    """Fit the exponents of std and d_k from seeded measurements: typed exponents are not this seed's fit."""
+    return [Case(f"seed={seed}", (seed,), expected=reference_exponents(seed), compare=_same_fit(seed))
+            for seed in (0, 300, 1234)]
