@@ -62,6 +62,18 @@ def slopes_geometric(n_heads, max_bias=8.0):  # 2^(-b h / H) for every H: not Pr
     return torch.tensor([2 ** (-max_bias * (h + 1) / n_heads) for h in range(n_heads)])
 
 
+MPT_SLOPES = """\
+def slopes_buggy(n_heads, max_bias=8.0):
+    _n_heads = 2 ** math.ceil(math.log2(n_heads))
+    m = torch.arange(1, _n_heads + 1, dtype=torch.float32)
+    m = m.mul(max_bias / _n_heads)
+    slopes = 1.0 / torch.pow(2, m)
+    if _n_heads != n_heads:
+        slopes = torch.concat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
+"""
+
+
 def test_slopes_bug(tmp_path, monkeypatch):
     assert torch.equal(slopes_buggy(10), slopes_fixed(10)) and torch.equal(slopes_buggy(20, 4.0), slopes_fixed(20, 4.0))
     assert not torch.equal(slopes_buggy(12), slopes_fixed(12))  # right at some head counts, wrong at others
@@ -72,6 +84,16 @@ def test_slopes_bug(tmp_path, monkeypatch):
         refused("06-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
     assert torch.equal(slopes_rewrite(12, 4.0), slopes_fixed(12, 4.0))
     assert "not the way" in refused("06-find-the-bug-1", slopes_rewrite, tmp_path, monkeypatch, called=False)
+    # a floor-log2 by bit_length is a correct fix of line 2 (10 and 12 tokens): accepted
+    for alt in ("2 ** (n_heads.bit_length() - 1)", "1 << (n_heads.bit_length() - 1)"):
+        src = ch06.BUGGY_SLOPES.replace("2 ** round(math.log2(n_heads))", alt)
+        fixed = cell_function(src.replace("def slopes_buggy(", "def slopes_bits("), "slopes_bits", {"torch": torch, "math": math})
+        assert torch.equal(fixed(12, 4.0), slopes_fixed(12, 4.0))
+        checks.check("06-find-the-bug-1", fixed)
+    # MPT's gen_slopes transcribed under the given name: right values, 100+ tokens and other lines changed: refused
+    mpt = cell_function(MPT_SLOPES, "slopes_buggy", {"torch": torch, "math": math})
+    assert torch.allclose(mpt(12, 4.0), slopes_fixed(12, 4.0))
+    assert "not the way" in refused("06-find-the-bug-1", mpt, tmp_path, monkeypatch, called=False)
     for route in (lambda h, b=8.0: alibi_slopes(h) ** (b / 8), lambda h, b=8.0: (-alibi_bias(h, 2)[:, 1, 0]) ** (b / 8),
                   lambda h, b=8.0: (-grouped_alibi_bias(h, 1, 2, 2)[0, :, 1, 0]) ** (b / 8),
                   ch06._slopes_reference):
@@ -194,6 +216,12 @@ def test_encoder_alibi(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed):
         checks.check("06-find-the-bug-2", buggy)
+    # transposing the last two axes gives m_h (i - j) after the query, the right bias: accepted in every spelling
+    for alt in ("before.transpose(-2, -1)", "before.mT", "before.neg()", "before.swapaxes(1, 2)"):
+        src = ch06.BUGGY_ENCODER.replace("before.flip(-1)", alt).replace("def encoder_alibi_buggy(", "def enc_t(")
+        fixed = cell_function(src, "enc_t", {"torch": torch, "alibi_slopes": alibi_slopes})
+        checks.check("06-find-the-bug-2", fixed)
+    assert graded("06-find-the-bug-2", fixed, tmp_path, monkeypatch) == "passed"
     for route in (lambda h, t: -alibi_bias(h, t).abs(),
                   lambda h, t: -alibi_bias_at(alibi_slopes(h), torch.arange(t), torch.arange(t)).abs(),
                   ch06._encoder_bias_reference):

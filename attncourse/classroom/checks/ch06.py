@@ -42,7 +42,9 @@ def slopes_buggy(n_heads, max_bias=8.0):
         slopes += [extra_base ** k for k in range(1, 2 * (n_heads - p), 2)]  # odd powers fall between the p
     return torch.tensor(slopes)
 '''
-FIX_SLOPES = edits.SmallEdit(BUGGY_SLOPES, most=8, lines=(2,), names=("floor", "int", "trunc", "bit_length"))
+# 12 tokens: a floor-log2 by bit_length, `1 << (n_heads.bit_length() - 1)`, is a correct fix of line 2; a rewrite (Press
+# et al.'s get_slopes, MPT's gen_slopes transcribed) is 100+ tokens away and changes lines other than 2
+FIX_SLOPES = edits.SmallEdit(BUGGY_SLOPES, most=12, lines=(2,), names=("floor", "int", "trunc", "bit_length"))
 
 BUGGY_ENCODER = '''\
 def encoder_alibi_buggy(n_heads, seq_len):
@@ -51,7 +53,9 @@ def encoder_alibi_buggy(n_heads, seq_len):
     before = alibi_slopes(n_heads)[:, None, None] * signed           # (H, T, T): m_h (j - i), right for j <= i
     return torch.where(signed <= 0, before, before.flip(-1))
 '''
-FIX_ENCODER = edits.SmallEdit(BUGGY_ENCODER, most=8, lines=(5,), names=("abs", "neg"))
+# the fix may negate `before` or transpose its last two axes (m_h (i - j) for j > i): the names those spellings need
+FIX_ENCODER = edits.SmallEdit(BUGGY_ENCODER, most=8, lines=(5,),
+                              names=("abs", "neg", "mT", "transpose", "swapaxes", "swapdims", "movedim", "permute"))
 
 
 def _breaker_rewrite_slopes(n_heads, max_bias=8.0):
