@@ -118,6 +118,42 @@ def test_tile_backward_autograd_engine_refused(tmp_path, monkeypatch):
     assert "called" in msg, msg
 
 
+def node_walk_backward(q, k, v, out, lse, d_out, scale):  # review 10b (routes9.py): autograd's nodes called by hand
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        p = (q @ k.transpose(-2, -1) * scale - lse[..., None]).exp()
+        loss = (d_out * (p @ v)).sum() - ((d_out * out).sum(-1, keepdim=True) * p.sum(-1, keepdim=True)).sum()
+    order, seen = [], set()
+
+    def visit(node):
+        if node is not None and node not in seen:
+            seen.add(node)
+            for nxt, _ in node.next_functions:
+                visit(nxt)
+            order.append(node)
+    visit(loss.grad_fn)
+    grads, leaves = {loss.grad_fn: torch.ones_like(loss)}, {}
+    for node in reversed(order):
+        if node not in grads:
+            continue
+        if type(node).__name__ == "AccumulateGrad":
+            leaves[id(node.variable)] = grads[node]
+            continue
+        outs = node(grads[node])
+        for (nxt, _), g in zip(node.next_functions, outs if isinstance(outs, tuple) else (outs,)):
+            if nxt is not None and g is not None:
+                grads[nxt] = grads[nxt] + g if nxt in grads else g
+    return tuple(leaves[id(x)] for x in (q, k, v))
+
+
+def test_tile_backward_graph_nodes_called_by_hand_refused(tmp_path, monkeypatch):
+    case = checks.get("09-tile-backward").make_cases()[0]
+    for got, want in zip(node_walk_backward(*case.args), case.expected):  # the route is right: only the guard stops it
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    msg, graded = refused("09-tile-backward", node_walk_backward, tmp_path, monkeypatch)
+    assert "grad_fn" in msg and "grad_fn" in graded, (msg, graded)
+
+
 def _surrogate(q, k, v, out, lse, d_out, scale):
     p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
     return (d_out * (p @ v)).sum(-1).sum(-1) - ((d_out * out).sum(-1, keepdim=True) * p).sum(-1).sum(-1)

@@ -547,6 +547,8 @@ class Guard:
             for name in ("run_backward", "queue_callback"):
                 if getattr(engine, name, None) is not None:
                     self._add(getattr(engine, name), f"torch.autograd's engine ({name})")
+            for name in ("grad_fn", "_grad_fn"):  # the graph's nodes, called by hand, are the engine by another name
+                self._add(getattr(torch.Tensor, name).__get__, f"torch.Tensor.{name} (autograd's graph nodes)")
         self.library = LIBRARY if pol.get("library") else None
         self.families = tuple(pol.get("ops", ()))
         self.allowed, self._keep = set(), []
