@@ -60,7 +60,7 @@ def test_stored_translation_run_is_what_the_recipe_trains():
     corpus = load_corpus()
     config = config_for(corpus)
     assert (stored["steps"], stored["batch_size"], stored["vocabulary"]) == (config.steps, config.batch_size, 1152)
-    assert sorted(stored["runs"]) == [f"{k} {s}" for k in ("additive", "none") for s in (0, 1, 2)]
+    assert sorted(stored["runs"]) == [f"{k} {s}" for k in ("additive", "mean", "none") for s in (0, 1, 2)]
     model, _ = train_translation("additive", corpus, replace(config, seed=1))
     run = stored["runs"]["additive 1"]
     with torch.no_grad():
