@@ -42,6 +42,21 @@ def tatoeba_chars(path: str | Path, seed: int = 0) -> tuple[torch.Tensor, torch.
     return train, held_out, vocab
 
 
+def shakespeare_chars(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``(train, held_out, vocab)``: *Coriolanus* (``notebooks/data/shakespeare/coriolanus.txt``), one continuous text,
+    encoded one id per character of ``vocab``; the first 90% for training, the last 10% held out. Unlike Tatoeba's
+    short independent sentences, the text runs on for scenes, so a model can use context hundreds of characters back
+    (a speaker's name, a repeated line)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if len(text) < 1000:
+        raise ValueError(f"path must be a plain-text file of at least 1,000 characters, got {len(text)} in {path}")
+    vocab = "".join(sorted(set(text)))
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([index[c] for c in text])
+    split = int(0.9 * len(ids))
+    return ids[:split], ids[split:], vocab
+
+
 def windows(data: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
     """``(n, length + 1)`` token windows starting at positions drawn from `gen` (inputs and next-token targets)."""
     _validate.positive_int("n", n)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attncourse.char_lm import CONTEXT, char_lm, tatoeba_chars, train_char_lm, windows
+from attncourse.char_lm import CONTEXT, char_lm, shakespeare_chars, tatoeba_chars, train_char_lm, windows
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "notebooks" / "data" / "tatoeba" / "eng-fra-5000.txt"
@@ -22,6 +22,18 @@ def test_split_holds_out_whole_sentences():
     assert pair.count("\n") == 1 and "\n" + pair + "\n" not in decode(train)  # not trained on (English lines repeat)
     again = tatoeba_chars(TEXT)
     assert torch.equal(again[0], train) and again[2] == vocab  # deterministic
+
+
+def test_shakespeare_is_one_continuous_text(tmp_path):
+    play = ROOT / "notebooks" / "data" / "shakespeare" / "coriolanus.txt"
+    train, held_out, vocab = shakespeare_chars(play)
+    decode = lambda ids: "".join(vocab[i] for i in ids.tolist())  # noqa: E731
+    assert decode(torch.cat([train, held_out])) == play.read_text(encoding="utf-8")  # nothing reordered or dropped
+    assert 8.9 * len(held_out) < len(train) < 9.1 * len(held_out)  # the last tenth held out
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    with pytest.raises(ValueError, match="path"):
+        shakespeare_chars(short)
 
 
 def test_windows_and_model():
