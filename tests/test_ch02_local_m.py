@@ -73,3 +73,20 @@ def test_local_m_rejects_bad_input():
         LocalMAttention(6, 4, window=0)
     with pytest.raises(ValueError, match="first_step"):
         LocalMAttention(6, 4, window=2)(torch.randn(2, 6), torch.randn(2, 5, 4), first_step=-1)
+
+
+def test_stored_local_m_model_is_the_stored_runs_model():
+    """results/ch02_local_m_D2_seed0.pt (lesson 02 re-measures it) is seed 0 of the stored local-m D=2 run: its
+    greedy accuracy at every length is the stored one (no retraining)."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from attncourse.seq2seq import accuracy_by_length
+
+    results = Path(__file__).resolve().parents[1] / "notebooks" / "results"
+    stored = json.loads((results / "ch02_local_m.json").read_text())["local-m D=2"]["accuracy"][0]  # lengths 4-16
+    model = build_model("local-m", replace(Seq2SeqConfig(), local_window=2))
+    model.load_state_dict(torch.load(results / "ch02_local_m_D2_seed0.pt", weights_only=True))
+    accuracy = accuracy_by_length(model.eval(), range(4, 17), 200)  # one generator draws every length in turn
+    torch.testing.assert_close(torch.tensor(list(accuracy.values())), torch.tensor(stored), rtol=0, atol=1e-6)
