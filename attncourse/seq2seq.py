@@ -13,7 +13,7 @@ once; Bahdanau et al. query with the previous state :math:`s_{t-1}` and feed the
 GRU, which forces a Python loop over steps. The attention scores, the subject of the chapters, are
 the same either way. :class:`~attncourse.bahdanau.BahdanauSeq2Seq` (``build_model("bahdanau")``) is Bahdanau et al.'s own decoder,
 loop and all, for comparison; ``build_model("local-p")`` puts Luong et al.'s local attention with a predicted
-position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder.
+position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder, ``"local-m"`` at p_t = t.
 
 Training batches hold sequences of one length each (drawn uniformly per batch, ``bucket=True``): no
 padding, so the encoder needs no packing and the GRUs run only as many steps as the batch needs.
