@@ -289,6 +289,32 @@ class LocalPAttention(nn.Module):
         return f"query_size={self.query_size}, key_size={self.key_size}, window={self.window}"
 
 
+class FactoredGeneralAttention(nn.Module):
+    r"""Luong's general score with its matrix stored as two thin factors, :math:`W = W_q^\top W_k` of rank at most
+    `rank`: :math:`\mathrm{score}(s, h_j) = (W_q s)^\top (W_k h_j)`, a Transformer head's (unscaled) score.
+
+    Parameters: ``rank * (query_size + key_size)`` instead of general's ``query_size * key_size``. Same
+    ``forward(query, keys, values=None, mask=None)`` as :class:`LuongAttention`.
+    """
+
+    def __init__(self, query_size: int, key_size: int, rank: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.rank = _validate.positive_int("rank", rank)
+        self.W_q = nn.Linear(query_size, rank, bias=False)
+        self.W_k = nn.Linear(key_size, rank, bias=False)
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores (B, T) for `query` (B, Dq), (B, Tq, T) for (B, Tq, Dq)."""
+        return _unrows(self.W_q(_rows(query)) @ self.W_k(keys).transpose(1, 2), query)  # (B,Tq,r) @ (B,r,T)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        return attend(self.score(query, keys), values, mask)
+
+
 class LocalMAttention(nn.Module):
     r"""Luong et al.'s local attention with *monotonic* alignment (local-m, section 3.2) on the general score.
 

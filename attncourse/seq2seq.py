@@ -37,14 +37,15 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import _validate
-from .rnn_attention import (AdditiveAttention, LocalMAttention, LocalPAttention, LocationAttention, LuongAttention,
-                            MeanAttention)
+from .rnn_attention import (AdditiveAttention, FactoredGeneralAttention, LocalMAttention, LocalPAttention,
+                            LocationAttention, LuongAttention, MeanAttention)
 
 PAD, SOS = 0, 1  # token ids; digit d is token d + 2
 ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
 # local-p / local-m: Luong's local attention, predicted position (weights sum to at most 1) / p_t = t;
 # bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
-# location: Luong's score from the decoder state alone; mean: the plain mean of the annotations (a control)
+# location: Luong's score from the decoder state alone; mean: the plain mean of the annotations (a control);
+# "general-rank-<r>": general with W = W_q^T W_k of rank r (FactoredGeneralAttention), a Transformer head's score
 MORE_KINDS = ("local-p", "local-m", "bahdanau", "general-identity", "location", "mean")
 
 
@@ -128,6 +129,8 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
     if kind == "local-p":
         return LocalPAttention(config.decoder_size, config.key_size, config.local_window,
                                hidden_size=config.attention_size)
+    if kind.startswith("general-rank-") and kind[13:].isdigit():  # general with W = W_q^T W_k of rank r
+        return FactoredGeneralAttention(config.decoder_size, config.key_size, int(kind[13:]))
     if kind == "local-m":
         return LocalMAttention(config.decoder_size, config.key_size, config.local_window)
     if kind == "location":

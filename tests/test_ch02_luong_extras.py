@@ -1,4 +1,4 @@
-"""Luong's local-m attention (p_t = t, the general score's softmax over the window |j - t| <= D) and the decoder
+"""Lesson 02's extra models. Luong's local-m attention (p_t = t, the general score's softmax over the window |j - t| <= D) and the decoder
 step it needs: checked against the equations written out, against PyTorch's kernel for an endless window, and in
 the course's greedy decoder, where each one-step call must be told its step."""
 
@@ -90,3 +90,32 @@ def test_stored_local_m_model_is_the_stored_runs_model():
     model.load_state_dict(torch.load(results / "ch02_local_m_D2_seed0.pt", weights_only=True))
     accuracy = accuracy_by_length(model.eval(), range(4, 17), 200)  # one generator draws every length in turn
     torch.testing.assert_close(torch.tensor(list(accuracy.values())), torch.tensor(stored), rtol=0, atol=0.005)
+
+
+def test_factored_general_is_general_with_a_low_rank_matrix():
+    """FactoredGeneralAttention (lesson 02's rank runs) scores (W_q s) . (W_k h): Luong's general score with
+    W = W_q^T W_k, and PyTorch's kernel on the projected queries and keys (scale 1)."""
+    from attncourse.rnn_attention import FactoredGeneralAttention, LuongAttention
+
+    gen = torch.Generator().manual_seed(13)
+    module = FactoredGeneralAttention(6, 5, rank=2).double()
+    general = LuongAttention(6, 5, "general").double()
+    with torch.no_grad():
+        general.W.weight.copy_(module.W_q.weight.T @ module.W_k.weight)  # (6, 2) @ (2, 5)
+    query, keys = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64), torch.randn(3, 7, 5, generator=gen,
+                                                                                            dtype=torch.float64)
+    mask = torch.arange(7) < torch.tensor([7, 3, 1])[:, None]
+    with torch.no_grad():
+        context, weights = module(query, keys, mask=mask)
+        ref_context, ref_weights = general(query, keys, mask=mask)
+        sdpa = F.scaled_dot_product_attention(module.W_q(query), module.W_k(keys), keys, attn_mask=mask[:, None, :],
+                                              scale=1.0)
+        one, _ = module(query[:, 1], keys, mask=mask)
+    torch.testing.assert_close(weights, ref_weights)
+    torch.testing.assert_close(context, ref_context)
+    torch.testing.assert_close(context, sdpa)
+    torch.testing.assert_close(one, context[:, 1])
+    model = build_model("general-rank-4", Seq2SeqConfig())
+    assert sum(p.numel() for p in model.attention.parameters()) == 4 * (64 + 64)
+    with pytest.raises(ValueError, match="rank"):
+        FactoredGeneralAttention(6, 5, rank=0)
