@@ -1,6 +1,7 @@
-"""Lesson 02's extra models. Luong's local-m attention (p_t = t, the general score's softmax over the window |j - t| <= D) and the decoder
-step it needs: checked against the equations written out, against PyTorch's kernel for an endless window, and in
-the course's greedy decoder, where each one-step call must be told its step."""
+"""Lesson 02's extra models. Luong's local-m attention (p_t = t, the general score's softmax over the window
+|j - t| <= D) and the decoder step it needs: checked against the equations written out, against PyTorch's kernel for
+an endless window, and in the course's greedy decoder, where each one-step call must be told its step. The general
+score with a factored, low-rank matrix (a Transformer head's score), checked against general and PyTorch."""
 
 import pytest
 import torch
