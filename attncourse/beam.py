@@ -53,10 +53,10 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, length: int, width: int, step
     last = torch.full((1, 1), SOS)  # (n, 1): each hypothesis's last token
     tokens = torch.zeros(1, 0, dtype=torch.long)  # (n, t)
     scores = torch.zeros(1)  # (n,): total log-probability of each hypothesis
-    for _ in range(steps):
+    for t in range(steps):
         n = scores.shape[0]
         out, hidden = model.decoder(model.embed(last), hidden)  # (n, 1, Dd), (1, n, Dd)
-        logits, _ = model.readout(out, annotations.expand(n, -1, -1), mask.expand(n, -1))  # (n, 1, V)
+        logits, _ = model.readout(out, annotations.expand(n, -1, -1), mask.expand(n, -1), t)  # (n, 1, V)
         logp = logits[:, 0].log_softmax(-1)  # (n, V)
         vocab = logp.shape[1]
         best = (scores[:, None] + logp).flatten().topk(min(width, n * vocab))  # sorted, best first

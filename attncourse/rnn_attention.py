@@ -289,6 +289,71 @@ class LocalPAttention(nn.Module):
         return f"query_size={self.query_size}, key_size={self.key_size}, window={self.window}"
 
 
+class FactoredGeneralAttention(nn.Module):
+    r"""Luong's general score with its matrix stored as two thin factors, :math:`W = W_q^\top W_k` of rank at most
+    `rank`: :math:`\mathrm{score}(s, h_j) = (W_q s)^\top (W_k h_j)`, a Transformer head's (unscaled) score.
+
+    Parameters: ``rank * (query_size + key_size)`` instead of general's ``query_size * key_size``. Same
+    ``forward(query, keys, values=None, mask=None)`` as :class:`LuongAttention`.
+    """
+
+    def __init__(self, query_size: int, key_size: int, rank: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.rank = _validate.positive_int("rank", rank)
+        self.W_q = nn.Linear(query_size, rank, bias=False)
+        self.W_k = nn.Linear(key_size, rank, bias=False)
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Scores (B, T) for `query` (B, Dq), (B, Tq, T) for (B, Tq, Dq)."""
+        return _unrows(self.W_q(_rows(query)) @ self.W_k(keys).transpose(1, 2), query)  # (B,Tq,r) @ (B,r,T)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        return attend(self.score(query, keys), values, mask)
+
+
+class LocalMAttention(nn.Module):
+    r"""Luong et al.'s local attention with *monotonic* alignment (local-m, section 3.2) on the general score.
+
+    The aligned position is the decoder step itself, :math:`p_t = t` (source and target assumed roughly in step);
+    the weights are the general score's softmax over the window :math:`|j - t| \le D` only (eq. 7's align, no
+    Gaussian: the paper adds that for local-p), 0 outside it and at padding. A query (B, Tq, Dq) holds the steps
+    ``first_step, first_step + 1, ...``; a decoder running one step at a time passes its step as `first_step`
+    (:class:`~attncourse.seq2seq.Seq2Seq` does). Parameters: :math:`D_q D_k` (the general score's).
+    """
+
+    monotonic = True  # the decoder must tell it the step (see Seq2Seq.readout)
+
+    def __init__(self, query_size: int, key_size: int, window: int) -> None:
+        super().__init__()
+        self.query_size = _validate.positive_int("query_size", query_size)
+        self.key_size = _validate.positive_int("key_size", key_size)
+        self.window = _validate.positive_int("window", window)
+        self.W = nn.Linear(key_size, query_size, bias=False)  # general: s^T (W h)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, first_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        values = _check_inputs(query, keys, values, mask, self.query_size, self.key_size)
+        if not isinstance(first_step, int) or first_step < 0:
+            raise ValueError(f"first_step must be a non-negative int (the decoder step of the first query), "
+                             f"got {first_step!r}")
+        q = _rows(query)  # (B, Tq, Dq)
+        steps = torch.arange(first_step, first_step + q.shape[1], device=keys.device)  # (Tq,): p_t = t
+        inside = (torch.arange(keys.shape[1], device=keys.device) - steps[:, None]).abs() <= self.window  # (Tq, T)
+        if mask is not None:
+            inside = inside & mask.unsqueeze(1)  # (B, Tq, T)
+        scores = (q @ self.W(keys).transpose(1, 2)).to(compute_dtype(q.dtype))  # (B, Tq, T)
+        weights = safe_softmax(scores.masked_fill(~inside, float("-inf")), dim=-1)  # softmax over the window
+        context = (weights @ values.to(weights.dtype)).to(values.dtype)  # (B, Tq, Dv)
+        return _unrows(context, query), _unrows(weights.to(q.dtype), query)
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}, window={self.window}"
+
+
 class LocationAttention(nn.Module):
     r"""Luong et al.'s *location* score (section 3.1): weights from the decoder state alone,
     :math:`a_t = \mathrm{softmax}(W_a s_t)`, one learned score per source position up to `max_len`; the keys are

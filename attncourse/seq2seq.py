@@ -13,7 +13,7 @@ once; Bahdanau et al. query with the previous state :math:`s_{t-1}` and feed the
 GRU, which forces a Python loop over steps. The attention scores, the subject of the chapters, are
 the same either way. :class:`~attncourse.bahdanau.BahdanauSeq2Seq` (``build_model("bahdanau")``) is Bahdanau et al.'s own decoder,
 loop and all, for comparison; ``build_model("local-p")`` puts Luong et al.'s local attention with a predicted
-position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder.
+position (:class:`~attncourse.rnn_attention.LocalPAttention`) on the course's decoder, ``"local-m"`` at p_t = t.
 
 Training batches hold sequences of one length each (drawn uniformly per batch, ``bucket=True``): no
 padding, so the encoder needs no packing and the GRUs run only as many steps as the batch needs.
@@ -37,14 +37,16 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from . import _validate
-from .rnn_attention import AdditiveAttention, LocalPAttention, LocationAttention, LuongAttention, MeanAttention
+from .rnn_attention import (AdditiveAttention, FactoredGeneralAttention, LocalMAttention, LocalPAttention,
+                            LocationAttention, LuongAttention, MeanAttention)
 
 PAD, SOS = 0, 1  # token ids; digit d is token d + 2
 ATTENTIONS = ("none", "additive", "dot", "general", "concat")  # scores on the course's (Luong-style) decoder
-# local-p: Luong's local attention with a predicted position on that decoder (weights sum to at most 1);
+# local-p / local-m: Luong's local attention, predicted position (weights sum to at most 1) / p_t = t;
 # bahdanau: Bahdanau et al.'s own decoder (BahdanauSeq2Seq), additive score, queried with s_{t-1}
-# location: Luong's score from the decoder state alone; mean: the plain mean of the annotations (a control)
-MORE_KINDS = ("local-p", "bahdanau", "general-identity", "location", "mean")
+# location: Luong's score from the decoder state alone; mean: the plain mean of the annotations (a control);
+# "general-rank-<r>": general with W = W_q^T W_k of rank r (FactoredGeneralAttention), a Transformer head's score
+MORE_KINDS = ("local-p", "local-m", "bahdanau", "general-identity", "location", "mean")
 
 
 class Batch(NamedTuple):
@@ -70,7 +72,7 @@ class Seq2SeqConfig:
     encoder_size: int = 32  # per direction: annotations are 2 * encoder_size wide
     decoder_size: int = 64  # = 2 * encoder_size, so Luong's "dot" score applies
     attention_size: int = 32  # hidden size of the additive / concat score
-    local_window: int = 2  # local-p's half-width D (Luong et al. use 10 on sentences; inputs here are 4-16 digits)
+    local_window: int = 2  # local-p's and local-m's half-width D (Luong et al. use 10 on sentences; inputs here are 4-16 digits)
     maxout_size: int = 32  # bahdanau's deep output: 2 * maxout_size units, max over pairs (their l)
     batch_size: int = 64
     steps: int = 200  # optimiser steps, a fresh random batch each: enough for attention, not for the baseline
@@ -127,6 +129,10 @@ def make_attention(kind: str, config: Seq2SeqConfig) -> nn.Module | None:
     if kind == "local-p":
         return LocalPAttention(config.decoder_size, config.key_size, config.local_window,
                                hidden_size=config.attention_size)
+    if kind.startswith("general-rank-") and kind[13:].isdigit():  # general with W = W_q^T W_k of rank r
+        return FactoredGeneralAttention(config.decoder_size, config.key_size, int(kind[13:]))
+    if kind == "local-m":
+        return LocalMAttention(config.decoder_size, config.key_size, config.local_window)
     if kind == "location":
         return LocationAttention(config.decoder_size, config.key_size, config.max_len)
     if kind == "mean":
@@ -177,7 +183,7 @@ class Seq2Seq(nn.Module):
         state = torch.tanh(self.bridge(torch.cat([h_n[0], h_n[1]], dim=-1)))  # (B, 2E) -> (B, Dd)
         return annotations, state
 
-    def readout(self, states: torch.Tensor, annotations: torch.Tensor, mask: torch.Tensor
+    def readout(self, states: torch.Tensor, annotations: torch.Tensor, mask: torch.Tensor, first_step: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and weights (B, T, S) for decoder states (B, T, Dd), all T queries at once.
 
@@ -186,7 +192,8 @@ class Seq2Seq(nn.Module):
         """
         if self.attention is None:
             return self.out(states), None
-        context, weights = self.attention(states, annotations, mask=mask)  # (B, T, 2E), (B, T, S)
+        step = {"first_step": first_step} if getattr(self.attention, "monotonic", False) else {}  # local-m: p_t = t
+        context, weights = self.attention(states, annotations, mask=mask, **step)  # (B, T, 2E), (B, T, S)
         return self.out(torch.cat([states, context], dim=-1)), weights  # (B, T, Dd + 2E) -> (B, T, V)
 
     def forward(self, src: torch.Tensor, lengths: torch.Tensor, tgt: torch.Tensor | None = None,
@@ -206,9 +213,9 @@ class Seq2Seq(nn.Module):
             return self.readout(states, annotations, mask)
         token, hidden = start, state[None]  # (B, 1), (1, B, Dd)
         logits, weights = [], []
-        for _ in range(steps or src.shape[1]):
+        for t in range(steps or src.shape[1]):
             out, hidden = self.decoder(self.embed(token), hidden)  # (B, 1, Dd)
-            step_logits, step_weights = self.readout(out, annotations, mask)  # (B, 1, V), (B, 1, S)
+            step_logits, step_weights = self.readout(out, annotations, mask, t)  # (B, 1, V), (B, 1, S)
             logits.append(step_logits)
             weights.append(step_weights)
             token = step_logits.argmax(-1)  # (B, 1)
@@ -246,8 +253,9 @@ def threads(n: int) -> Iterator[None]:
 
 
 def train(model: Seq2Seq, config: Seq2SeqConfig | None = None, *, progress: bool = True,
-          desc: str = "training") -> list[float]:
-    """Adam on fresh random batches for ``config.steps`` steps; returns the loss of every step."""
+          desc: str = "training", after_step=None) -> list[float]:
+    """Adam on fresh random batches for ``config.steps`` steps; returns the loss of every step.
+    `after_step(step, model)`, if given, is called after each update (steps count from 1)."""
     from tqdm.auto import tqdm
 
     c = config or model.config
@@ -265,6 +273,8 @@ def train(model: Seq2Seq, config: Seq2SeqConfig | None = None, *, progress: bool
             nn.utils.clip_grad_norm_(model.parameters(), c.clip)
             opt.step()
             losses.append(loss.item())
+            if after_step is not None:
+                after_step(len(losses), model)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return losses
 
