@@ -13,7 +13,9 @@ Two prints per function body:
 """
 
 import dis
+import os
 import re
+import sys
 import types
 
 MIN_BYTES = 64  # smaller bodies (a one-line helper) are too generic to call a copy
@@ -125,6 +127,15 @@ def core(code):
     return hash(("core", tuple(tokens)))
 
 
+MIN_NAMES = 5  # a body using fewer globals and attributes is too generic (many functions use a superset)
+_INSTALLED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+
+
+def _written_here(filename):
+    """Code of the learner's (a cell, exec'd text, a file of theirs), not of Python or an installed package."""
+    return filename.startswith("<") or not os.path.realpath(filename).startswith(_INSTALLED)
+
+
 class Cores:
     """The package's functions that check their input, to be found again by their core print in a copy whose
     checks were deleted (its global and attribute names are then among the original's)."""
@@ -139,6 +150,8 @@ class Cores:
     def find(self, code):
         """``(dotted name, code)`` of the package function whose core print `code` has, or None."""
         names = set(code.co_names)
+        if len(names) < MIN_NAMES or not _written_here(code.co_filename):
+            return None
         candidates = [(original, dotted) for have, original, dotted in self.entries if names <= have]
         key = core(code) if candidates else None
         if key is None:

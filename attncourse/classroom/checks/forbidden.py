@@ -537,6 +537,7 @@ class Guard:
                     self._keep.append(code)
         self.packages = tuple(sorted({p for fam in self.families for p in PACKAGES.get(fam, ())}))
         self.tracing = bool(pol.get("trace"))
+        self._sources = {0: None} if pol.get("source") else {}  # the kernels launched, when the source is judged
         self.scalars, self.scalar_budget = 0, None  # numbers read out of tensors (item, tolist): see run()
         self._complex = "complex" in self.families
         self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0, "read": 0}  # read: numbers of any dtype
@@ -740,6 +741,10 @@ class Guard:
             elif kind == "launch":
                 self._launch_frames.add(id(frame))
                 self.trace["launches"] += 1
+                kernel = getattr(frame.f_locals.get("self"), "fn", None)  # the @triton.jit function launched
+                if self._sources and kernel is not None and id(kernel) not in self._sources:
+                    self._sources[id(kernel)] = source_of(kernel)
+                    self.trace.setdefault("kernels", []).append(self._sources[id(kernel)])
         elif event == "return":
             if self._allowed_frames:
                 self._allowed_frames.discard(id(frame))
