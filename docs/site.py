@@ -332,6 +332,12 @@ def write_bytes(path: Path, data: bytes, keep: set[Path]) -> None:
 
 
 def build(solutions: bool = True, clean: bool = False) -> Path:
+    # which page documents which module: when that changes, pages that did not change still link to the old page
+    # (Sphinx rewrites only changed pages), so the whole site is rebuilt
+    homes = json.dumps(module_homes(chapters()), sort_keys=True)
+    stamp = BUILD / "site-modules.json"
+    if not stamp.exists() or stamp.read_text(encoding="utf-8") != homes:
+        clean = True
     if clean:
         for d in (SRC, OUT, DOCTREES):
             shutil.rmtree(d, ignore_errors=True)
@@ -346,6 +352,7 @@ def build(solutions: bool = True, clean: bool = False) -> Path:
         cmd[5:5] = ["-t", "no_solutions"]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
+    stamp.write_text(homes, encoding="utf-8")
     print(f"== site built in {time.perf_counter() - start:.0f} s: {OUT.relative_to(ROOT)}/index.html "
           f"({sum(f.stat().st_size for f in OUT.rglob('*') if f.is_file()) / 2**20:.1f} MiB)")
     return OUT

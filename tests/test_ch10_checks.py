@@ -299,6 +299,32 @@ def test_causal_blocks_in_triton_passes_and_the_routes_are_refused(tmp_path, mon
         refused("10-causal-blocks", as_learner(breaker), tmp_path, monkeypatch, because="no Triton kernel ran")
 
 
+FRESH_KERNEL = """
+@triton.jit
+def decode_kernel_fixed(Q, K, V, O, T_K, H, H_KV, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    kv_head = (pid // H) * H_KV + (pid % H) // (H // H_KV)
+    dims = tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, BLOCK_K)
+    mask = (cols[:, None] < T_K) & (dims[None, :] < HEAD_DIM)
+    q = tl.load(Q + pid * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=0.0)
+    k = tl.load(K + kv_head * T_K * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+    v = tl.load(V + kv_head * T_K * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+    s = tl.where(cols < T_K, tl.sum(k * q[None, :], 1) / tl.sqrt(HEAD_DIM * 1.0), float("-inf"))
+    p = tl.exp(s - tl.max(s, 0))
+    tl.store(O + pid * HEAD_DIM + dims, tl.sum(p[:, None] * v, 0) / tl.sum(p, 0), mask=dims < HEAD_DIM)
+
+
+def decode_fixed(query, key, value):  # one block holds every key: no loop, no online softmax
+    query, key, value = (x.to(DEVICE, torch.float32).contiguous() for x in (query, key, value))
+    b, h, _, d = query.shape
+    out = torch.empty_like(query)
+    decode_kernel_fixed[(b * h,)](query, key, value, out, key.shape[2], h, key.shape[1], HEAD_DIM=d,
+                                  BLOCK_K=triton.next_power_of_2(key.shape[2]), BLOCK_D=triton.next_power_of_2(d))
+    return out
+"""
+
+
 def test_decode_bug_routes_are_refused(tmp_path, monkeypatch):
     import nbformat
 
@@ -306,15 +332,20 @@ def test_decode_bug_routes_are_refused(tmp_path, monkeypatch):
 
     nb = nbformat.read(ROOT / "exercises" / "10_flash_attention_triton.ipynb", as_version=4)
     given = next(c.source for c in nb.cells if c.source.startswith("@triton.jit\ndef decode_kernel("))
-    path = tmp_path / "given_decode.py"  # the notebook's buggy kernel and launcher, in a file of the learner's
-    path.write_text("import torch, triton\nimport triton.language as tl\n"
-                    "from attncourse import scaled_dot_product_attention, triton_common\n"
-                    "DEVICE, TOL = triton_common.device(), triton_common.tolerance()\n" + given)
+    header = ("import torch, triton\nimport triton.language as tl\n"
+              "from attncourse import scaled_dot_product_attention, triton_common\n"
+              "DEVICE, TOL = triton_common.device(), triton_common.tolerance()\n")
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("given_decode", path)
-    given_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(given_mod)
+    def load(text, name):  # a file of the learner's: the notebook's header, the given code, then `text`
+        path = tmp_path / f"{name}.py"
+        path.write_text(header + given + "\n\n" + text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    given_mod = load("", "given_decode")
 
     def heads_rearranged(query, key, value):  # the buggy kernel, fed query heads in the order its bug expects
         h, h_kv = query.shape[1], key.shape[1]
@@ -333,6 +364,21 @@ def test_decode_bug_routes_are_refused(tmp_path, monkeypatch):
         return triton_flash_decode(query, key, value)
 
     refused("10-find-the-bug-1", package_kernel, tmp_path, monkeypatch, because="called attncourse.triton_decode")
+
+    # graded as a small edit of the kernel: the fix passes; a kernel written afresh, or an edit of lines that are
+    # right, does not, however right its values
+    launcher = "\n\ndef decode_fixed(q, k, v):\n    return launch_decode(decode_kernel_fixed, q, k, v)\n"
+    fixed = given.split("\n\n\ndef launch_decode")[0].replace("def decode_kernel(", "def decode_kernel_fixed(")
+    mine = load(fixed.replace("h_kv = h % H_KV", "h_kv = h // (H // H_KV)") + launcher, "fixed_decode")
+    checks.check("10-find-the-bug-1", mine.decode_fixed)
+    assert Grader(tmp_path, monkeypatch)(checks.get("10-find-the-bug-1"), mine.decode_fixed,
+                                         checks.get("10-find-the-bug-1").make_cases())[0] == "passed"
+    elsewhere = fixed.replace("h_kv = h % H_KV", "h_kv = h // (H // H_KV)").replace("tl.exp2(m - m_new)",
+                                                                                    "tl.exp2(m - m_new) * 1.0")
+    refused("10-find-the-bug-1", load(elsewhere + launcher, "edit_elsewhere").decode_fixed, tmp_path, monkeypatch,
+            because="where it is not wrong")
+    refused("10-find-the-bug-1", load(FRESH_KERNEL, "fresh_decode").decode_fixed, tmp_path, monkeypatch,
+            because="differs from the given function in")
     # the exercise's breakers: test_exercise_standard.test_properties_refuse_their_breakers, by check and grader
 
 

@@ -124,7 +124,7 @@ def _kernel_grade():
 def _kernel_run():
     """The guard's `run` as the grader's kernel has it (compiled from the source the grader sends)."""
     if "run" not in _KERNEL:
-        namespace = {"__name__": "attncourse_call_guard"}
+        namespace = {"__name__": "attncourse_call_guard", "copies": checks.copies}  # as remote.py gives it
         source = Path(checks.forbidden.__file__).read_text(encoding="utf-8")
         exec(compile(source, "<attncourse call guard>", "exec"), namespace)
         _KERNEL["run"] = namespace["run"]

@@ -341,6 +341,58 @@ def test_the_courses_code_copied_as_text_is_the_courses_code(exercise, verdicts)
     assert passed(verdicts(ex, my_slopes))  # the same rule, written afresh
 
 
+def _without_input_checks(function, blank_with_pass=False):
+    """`function`'s source with its input checks deleted (or each replaced by `pass`), exec'd afresh as `mine`."""
+    import ast
+    import inspect
+    import textwrap
+
+    def is_check(node):
+        if isinstance(node, (ast.Raise, ast.Assert)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return ast.unparse(node.value.func).startswith(("_validate", "_check"))
+        return isinstance(node, (ast.If, ast.For)) and not getattr(node, "orelse", None) and \
+            all(is_check(n) for n in node.body)
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body
+    tree.body[0].body = [ast.Pass() if blank_with_pass and is_check(n) else n for n in body
+                         if blank_with_pass or not is_check(n)]
+    tree.body[0].name = "mine"
+    assert len(tree.body[0].body) < len(body) or blank_with_pass
+    namespace = dict(vars(inspect.getmodule(function)))
+    exec(compile(ast.unparse(tree), "<edited>", "exec"), namespace)
+    return namespace["mine"]
+
+
+def test_a_copy_with_its_input_checks_deleted_is_still_the_courses_code(exercise, verdicts):
+    """The checks of a library function (a raise, its `if`, a `_validate` call, a loop of them) deleted or made
+    `pass`: the rest of its body is the course's code. The same merge written afresh is the learner's."""
+    from attncourse import cascade, kv_quant
+
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, generator=gen)] * 2
+
+    def merge_cases():
+        return [checks.Case("two parts", tuple(parts), expected=cascade.merge_attention_outputs(*parts))]
+
+    def my_merge(out_a, lse_a, out_b, lse_b):
+        top = torch.maximum(lse_a, lse_b)
+        a, b = (lse_a - top).exp(), (lse_b - top).exp()
+        return (a[..., None] * out_a + b[..., None] * out_b) / (a + b)[..., None], top + (a + b).log()
+
+    ex = exercise(merge_cases, ())
+    for blank in (False, True):
+        copy = _without_input_checks(cascade.merge_attention_outputs, blank)
+        assert refused(verdicts(ex, copy), "a copy of attncourse.cascade.merge_attention_outputs")
+    assert passed(verdicts(ex, my_merge))
+    x = torch.randn(3, 8, generator=gen)
+    ex = exercise(lambda: [checks.Case("4 bits", (x, 4, -1), expected=kv_quant.fake_quantize(x, 4, -1))], ())
+    assert refused(verdicts(ex, _without_input_checks(kv_quant.fake_quantize)),
+                   "a copy of attncourse.kv_quant.fake_quantize")
+
+
 def test_a_stream_can_be_read_once_and_forgets_its_chunks():
     x = torch.arange(10.0)
     seen = []

@@ -16,7 +16,8 @@ import torch
 
 from attncourse.mha import repeat_kv
 from attncourse.sdpa import safe_softmax, scaled_dot_product_attention
-from . import Case, exercise, forbidden
+from . import Case, edits, exercise, forbidden
+from .ch10_given import FIX_DECODE
 
 _NEG_INF = float("-inf")
 
@@ -246,9 +247,10 @@ def _breaker_decode(query, key, value):
 
 
 @exercise("10-find-the-bug-1", "decode_fixed", points=2, category="bug", aliases=("10-decode-bug",),
-          allow=(), ops=("attention", "softmax", "aten::repeat_interleave"), prop=in_kernel,
+          allow=(), ops=("attention", "softmax", "aten::repeat_interleave"),
+          prop=edits.kernel_prop(FIX_DECODE, "decode_kernel_fixed", also=in_kernel),
           prop_doc="the fix is in the kernel: a launch on every case, no PyTorch arithmetic or gather of heads "
-                   "outside it",
+                   "outside it, and every kernel launched is the given one with a small edit where it is wrong",
           breakers=(_breaker_decode,),
           forbid=("torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
                   "attncourse.gqa.grouped_attention", "attncourse.mha.repeat_kv", "torch.repeat_interleave",
@@ -263,13 +265,9 @@ def _breaker_decode(query, key, value):
 def _decode_bug_cases():
     """Find and fix the bug in a one-token decode kernel.
 
-    Not graded as a small edit (checks/edits.py), unlike the other chapters' find-the-bug exercises (all but
-    05-find-the-bug-2, see checks/ch05_given.py): the answer is a launcher, and the code that holds the fix is the
-    Triton kernel it launches, whose source the guard does not record (it records the answer function's own). What
-    stands in for it: ``in_kernel`` (every case a launch, nothing computed or gathered in PyTorch around it) and the
-    forbidden package kernels, so an answer must be a decode kernel of the learner's own; one written from scratch
-    passes, and so would the package's kernel source pasted under a new name, a route left open until the guard
-    records the launched kernel's source."""
+    Graded as a small edit (checks/edits.py) of the kernel: the answer is a launcher, and the guard records the
+    source of every @triton.jit kernel it launches (``policy(source=True)``), each judged against the given
+    kernel (checks/ch10_given.py); ``in_kernel`` keeps the work in the kernel."""
     gen = torch.Generator().manual_seed(12)
     cases = []
     for name, (b, h, h_kv, t_k, d) in {

@@ -170,3 +170,41 @@ def prop(spec: SmallEdit, target: str = "your function", also: Callable[[list], 
 def needs_source(prop_fn) -> bool:
     """Whether an exercise's ``prop`` judges the answer's source (the guard must record it)."""
     return bool(getattr(prop_fn, "needs_source", False))
+
+
+def _undecorated(source: str) -> str:
+    """`source` from its ``def`` line on (a kernel's ``@triton.jit`` line dropped)."""
+    lines = textwrap.dedent(source).splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
+    return "".join(lines[start:])
+
+
+def kernel_prop(spec: SmallEdit, judged: str, also: Callable[[list], str | None] | None = None
+                ) -> Callable[[list], str | None]:
+    """An exercise's ``prop`` for a fix that lives in a Triton kernel the answer launches: every kernel launched
+    (its source, from the guard's trace) must be `spec.given` with a small edit. `judged`: the kernel's name as the
+    exercise asks for it; `also`: the exercise's own property of the runs, judged first."""
+    target = f"`{judged}`"
+
+    def small_edit(runs: list) -> str | None:
+        why = also(runs) if also is not None else None
+        if why:
+            return why
+        kernels = [k for run in runs for k in ((run.trace or {}).get("kernels") or [])]
+        if not kernels:
+            return f"no Triton kernel was launched: the fix is a corrected {target}, launched by your answer"
+        for source in kernels:
+            if not isinstance(source, str):
+                why = source.get("why") if isinstance(source, dict) else "no source was recorded"
+                return (f"the check compares the kernel your answer launched with the given kernel token by token "
+                        f"and could not read its source ({why}): define it with `@triton.jit` and `def` at the top "
+                        "level of a cell, and run that cell")
+            why = judge(spec, _undecorated(source), f"the kernel your answer launched ({target})")
+            if why:
+                return why
+        return None
+
+    small_edit.needs_source = True
+    small_edit.spec = spec
+    small_edit.judged = judged
+    return small_edit

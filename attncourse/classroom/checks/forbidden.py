@@ -45,6 +45,9 @@ import sys
 import sysconfig
 import types
 
+if "copies" not in globals():  # the grader's kernel runs this source with .copies given in its namespace
+    from . import copies
+
 TORCH_SPELLINGS = ("torch.{}", "torch.Tensor.{}", "torch.nn.functional.{}", "torch.special.{}")
 LIBRARY = "attncourse"
 
@@ -205,47 +208,22 @@ def _package_dirs(top):
     return _DIRS[top]
 
 
-# --- the course's code copied as text: recognised by what it compiles to
-_COPY_MIN_BYTES = 64  # smaller bodies (a one-line helper) are too generic to call a copy
-_COPY_MIN_ITEMS = 8  # names and constants together: below that, two functions may share them by chance
-_COPY_MIN_LINES = 6  # a library function of fewer lines (a three-line formula) is what a learner writes anyway
-_PRINTS = {}  # top -> ({fingerprint: dotted name}, names of the modules walked)
-
-
-def _print(code):
-    """A code object's fingerprint: the global and attribute names it uses, in order, its constants (nested code
-    by fingerprint, the docstring left out) and its signature. Not its file, lines, local names or the exact
-    bytecode (Python compiles a method call differently when the module imports its object), so a copy pasted or
-    exec'd elsewhere, locals renamed, has the same fingerprint."""
-    consts = code.co_consts
-    if code.co_name != "<module>" and consts and isinstance(consts[0], str):
-        consts = consts[1:]  # the docstring (without one, Python puts None first)
-    consts = tuple(c for c in consts if c is not None)
-    norm = tuple(_print(c) if isinstance(c, types.CodeType) else
-                 c.rsplit("<locals>.", 1)[-1] if isinstance(c, str) else  # a nested function's qualified name
-                 c if isinstance(c, (int, float, complex, bytes, bool, type(None), tuple, frozenset)) else
-                 type(c).__name__ for c in consts)
-    try:
-        return hash((code.co_names, norm, code.co_argcount, code.co_kwonlyargcount,
-                     len(code.co_varnames), code.co_flags & 0x3FF))  # not the __future__ flags of its file
-    except TypeError:
-        return None
-
-
-def _copyable(code):
-    return len(code.co_code) >= _COPY_MIN_BYTES and len(code.co_names) + len(code.co_consts) >= _COPY_MIN_ITEMS
+# --- the course's code copied as text: recognised by what it compiles to (fingerprints in .copies)
+_PRINTS = {}  # top -> ({exact fingerprint: dotted name}, names of the modules walked, copies.Cores)
 
 
 def _library_prints(top):
-    """{fingerprint: dotted name} of the function bodies of package `top`'s loaded modules (their functions, the
-    methods of their classes, and what those define inside), extended as more modules load."""
-    prints, walked = _PRINTS.setdefault(top, ({}, set()))
+    """({exact fingerprint: dotted name}, copies.Cores) of the function bodies of package `top`'s loaded modules
+    (their functions, the methods of their classes, and what those define inside), extended as more modules load."""
+    prints, walked, cores = _PRINTS.setdefault(top, ({}, set(), copies.Cores()))
 
     def walk(code, dotted):
-        if _copyable(code) and len({line for _, _, line in code.co_lines() if line}) >= _COPY_MIN_LINES:
-            key = _print(code)
+        if copies.copyable(code) and len({line for _, _, line in code.co_lines() if line}) >= copies.MIN_LINES:
+            key = copies.exact(code)
             if key is not None:
                 prints.setdefault(key, dotted)
+            if copies.has_checks(code):
+                cores.add(code, dotted)
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 walk(const, f"{dotted}.<locals>.{const.co_name}")
@@ -272,7 +250,7 @@ def _library_prints(top):
         walked.add(name)
         for attr, value in list(vars(module).items()):
             visit(value, f"{name}.{attr}", name)
-    return prints
+    return prints, cores
 
 
 _INSIDE = {}
@@ -559,13 +537,14 @@ class Guard:
                     self._keep.append(code)
         self.packages = tuple(sorted({p for fam in self.families for p in PACKAGES.get(fam, ())}))
         self.tracing = bool(pol.get("trace"))
+        self._sources = {0: None} if pol.get("source") else {}  # the kernels launched, when the source is judged
         self.scalars, self.scalar_budget = 0, None  # numbers read out of tensors (item, tolist): see run()
         self._complex = "complex" in self.families
         self.trace = {"ops": [], "counts": {}, "launches": 0, "dropped": 0, "read": 0}  # read: numbers of any dtype
         self.labels = {}
         self._kinds = {}
         self.copies = {}
-        self._allowed_prints = {_print(code) for code in self._keep}  # a copy of an allowed helper is allowed too
+        self._allowed_prints = {copies.exact(code) for code in self._keep}  # a copy of an allowed helper is allowed too
         self._allowed_frames = set()
         self._launch_frames = set()
         self.root = None
@@ -585,10 +564,14 @@ class Guard:
 
     def _classify(self, code):
         place = _place(code)
-        if place in ("learner", "other") and self.library and _copyable(code):
-            key = _print(code)
-            original = _library_prints(self.library).get(key)
-            if original is not None and key not in self._allowed_prints:  # the course's code, copied as text
+        if place in ("learner", "other") and self.library and copies.copyable(code):
+            prints, cores = _library_prints(self.library)
+            key = copies.exact(code)
+            original = prints.get(key) if key not in self._allowed_prints else None
+            found = cores.find(code) if original is None else None  # a copy with its input checks deleted
+            if found is not None and found[1] not in self._keep:
+                original = found[0]
+            if original is not None:  # the course's code, copied as text
                 self.copies[code] = original
                 return "copy"
         if place == "library":
@@ -758,6 +741,10 @@ class Guard:
             elif kind == "launch":
                 self._launch_frames.add(id(frame))
                 self.trace["launches"] += 1
+                kernel = getattr(frame.f_locals.get("self"), "fn", None)  # the @triton.jit function launched
+                if self._sources and kernel is not None and id(kernel) not in self._sources:
+                    self._sources[id(kernel)] = source_of(kernel)
+                    self.trace.setdefault("kernels", []).append(self._sources[id(kernel)])
         elif event == "return":
             if self._allowed_frames:
                 self._allowed_frames.discard(id(frame))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import checks
-from ..checks import forbidden, salting
+from ..checks import copies, forbidden, salting
 
 if TYPE_CHECKING:
     from .session import Session
@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 # nothing the notebook patched in attncourse changes how answers are called; built inside a function so that
 # it leaves one name in the notebook's namespace, `__attncourse_grade`.
 _KERNEL_TEMPLATE = r'''
-def __attncourse_make(guard_source, salt_source):
-    guard_namespace = {"__name__": "attncourse_call_guard"}
+def __attncourse_make(guard_source, salt_source, copies_source):
+    import types
+    copies = types.ModuleType("attncourse_copies")
+    exec(compile(copies_source, "<attncourse copies>", "exec"), copies.__dict__)
+    guard_namespace = {"__name__": "attncourse_call_guard", "copies": copies}
     exec(compile(guard_source, "<attncourse call guard>", "exec"), guard_namespace)
     run = guard_namespace["run"]
     salt_namespace = {"__name__": "attncourse_salted_seeds"}
@@ -82,11 +85,12 @@ def __attncourse_make(guard_source, salt_source):
     return grade
 
 
-__attncourse_grade = __attncourse_make(GUARD_SOURCE, SALT_SOURCE)
+__attncourse_grade = __attncourse_make(GUARD_SOURCE, SALT_SOURCE, COPIES_SOURCE)
 del __attncourse_make
 '''
 KERNEL_SIDE = _KERNEL_TEMPLATE.replace("GUARD_SOURCE", repr(Path(forbidden.__file__).read_text(encoding="utf-8"))) \
-    .replace("SALT_SOURCE", repr(Path(salting.__file__).read_text(encoding="utf-8")))
+    .replace("SALT_SOURCE", repr(Path(salting.__file__).read_text(encoding="utf-8"))) \
+    .replace("COPIES_SOURCE", repr(Path(copies.__file__).read_text(encoding="utf-8")))
 
 
 def kernel_call(src: Path, out: Path, ex: checks.Exercise, salt: int | None = None) -> str:
