@@ -122,7 +122,10 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
     Returns:
         dict of (steps,) float tensors: ``"loss"`` per step, ``"saturated"`` the share of rows whose largest
         weight exceeds 0.99, ``"logit_grad"`` the median over rows of :math:`\|\partial L/\partial s\|`,
-        ``"max_logit"`` the largest :math:`|s|` in the batch (after the scale, the norm and the cap).
+        ``"max_logit"`` the largest :math:`|s|` in the batch (after the scale, the norm and the cap),
+        ``"saturated_grad_share"`` the saturated rows' share of :math:`\sum_{\text{rows}} \|\partial L/\partial s\|^2`
+        (how much of the step's logit gradient they carry), ``"saturated_wrong"`` the share of rows saturated on a
+        key other than the asked-for one, ``"saturated_wrong_loss"`` those rows' share of the batch's loss.
 
     Raises:
         ValueError: if `d_k` is not a positive int, `scale` is not accepted or `cap` is not positive.
@@ -137,7 +140,9 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
     w_k = (torch.randn(config.d_in, d_k, generator=gen) / math.sqrt(config.d_in)).requires_grad_()  # (d_in, d_k)
     gains = [torch.ones(d_k, requires_grad=True) for _ in range(2)] if qk_norm else []  # (d_k,) each
     opt = torch.optim.Adam([w_q, w_k, *gains], lr=config.lr)
-    trace = {name: torch.empty(config.steps) for name in ("loss", "saturated", "logit_grad", "max_logit")}
+    names = ("loss", "saturated", "logit_grad", "max_logit", "saturated_grad_share", "saturated_wrong",
+             "saturated_wrong_loss")
+    trace = {name: torch.empty(config.steps) for name in names}
     for step in range(config.steps):
         tokens, values, queries, target = lookup_batch(config, gen)
         q, k = queries @ w_q, tokens @ w_k                          # (B, d_k), (B, S, d_k)
@@ -150,12 +155,21 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
         logits.retain_grad()
         weights = safe_softmax(logits, dim=-1)                      # (B, S)
         out = (weights[:, None] @ values).squeeze(1)                # (B, 1, S) @ (B, S, d_v) -> (B, d_v)
-        loss = ((out - target) ** 2).sum(-1).mean()
+        row_loss = ((out - target) ** 2).sum(-1)                   # (B,)
+        loss = row_loss.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         trace["loss"][step] = loss.item()
-        trace["saturated"][step] = (weights.detach().amax(-1) > 0.99).float().mean()
+        saturated = weights.detach().amax(-1) > 0.99                # (B,)
+        trace["saturated"][step] = saturated.float().mean()
+        grad_mass = logits.grad.pow(2).sum(-1)                      # (B,): ||dL/ds||^2 per row
+        trace["saturated_grad_share"][step] = grad_mass[saturated].sum() / grad_mass.sum().clamp_min(1e-30)
+        top = weights.detach().argmax(-1)                           # (B,) the key each row puts most weight on
+        wrong = saturated & (values[torch.arange(len(top)), top] != target).any(-1)     # saturated on another key
+        trace["saturated_wrong"][step] = wrong.float().mean()
+        row_loss = row_loss.detach()
+        trace["saturated_wrong_loss"][step] = row_loss[wrong].sum() / row_loss.sum().clamp_min(1e-30)
         trace["logit_grad"][step] = logits.grad.norm(dim=-1).median()
         trace["max_logit"][step] = logits.detach().abs().max()
     return trace

@@ -100,6 +100,18 @@ def mha_rewrite(x, w_q, w_k, w_v, w_o, n_heads):  # right values, written afresh
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
 
 
+def mha_lesson_pasted(x, w_q, w_k, w_v, w_o, n_heads):  # lesson 04's split/attend/merge cell, pasted and adapted
+    B, T, d = x.shape                                       # (cold review 10: it passed before the small-edit rule)
+    H, D = n_heads, d // n_heads
+    q = (x @ w_q.T).view(B, T, H, D).transpose(1, 2)
+    k = (x @ w_k.T).view(B, T, H, D).transpose(1, 2)
+    v = (x @ w_v.T).view(B, T, H, D).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+    heads = torch.softmax(scores, dim=-1) @ v
+    merged = heads.transpose(1, 2).reshape(B, T, d)
+    return merged @ w_o.T
+
+
 def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads split by a reshape alone
     B, T, d = x.shape
     q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))
@@ -156,7 +168,8 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
     assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
     for wrong in (mha_buggy, mha_scaled_by_d, mha_split_fixed_only_in):
         refused("04-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
-    assert "not the way" in refused("04-find-the-bug-1", mha_rewrite, tmp_path, monkeypatch, called=False)
+    for rewrite in (mha_rewrite, mha_lesson_pasted):
+        assert "not the way" in refused("04-find-the-bug-1", rewrite, tmp_path, monkeypatch, called=False)
     for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
         refused("04-find-the-bug-1", route, tmp_path, monkeypatch)
 

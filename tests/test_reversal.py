@@ -31,3 +31,27 @@ def test_bad_input():
         reversal.train(reversal.KINDS[0], 0, steps=10, lr=1e-3, warmup=10)
     with pytest.raises(TypeError, match="steps"):
         reversal.train(reversal.KINDS[0], 0, steps=10.0, lr=1e-3, warmup=1)
+
+
+def test_mirrored_attention_reads_the_stored_tuned_model():
+    """The stored seed-0 Transformer's cross-attention summary is the one its results file records."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "notebooks" / "results"
+    record = json.loads((results / "ch04_reversal_tuned.json").read_text())
+    model = reversal.load(reversal.KINDS[0], (results / "ch04_reversal_tuned_tf_seed0.pt").read_bytes())
+    weight, hits = reversal.mirrored_attention(model)
+    assert weight == pytest.approx(record["mirror_12_digits"]["weight_per_layer"][0], abs=1e-4)
+    assert hits == record["mirror_12_digits"]["rows_argmax_last_layer"][0]
+    assert weight[-1] > 4 / 12 and hits >= 8                  # far from uniform (1/12): it learned the mirror
+
+
+def test_compare_records_every_seeds_mirror():
+    torch.set_num_threads(1)
+    record, weights = reversal.compare(lrs=(1e-3,), seeds=(0, 1), steps=2, warmup=1, lengths=(4,))
+    mirror = record["mirror_12_digits"]
+    assert len(mirror["weight_per_layer"]) == 2 and all(len(w) == 2 for w in mirror["weight_per_layer"])
+    assert all(0 <= h <= 12 for h in mirror["rows_argmax_last_layer"])
+    assert mirror["weight_per_layer"][0] == pytest.approx(
+        reversal.mirrored_attention(reversal.load(reversal.KINDS[0], weights))[0], abs=1e-4)

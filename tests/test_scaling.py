@@ -45,7 +45,22 @@ def test_train_lookup_is_deterministic_and_learns():
     a, b = train_lookup(64, "sqrt", 1, config), train_lookup(64, "sqrt", 1, config)
     torch.testing.assert_close(a["loss"], b["loss"])
     assert a["loss"][-10:].mean() < 0.5 * a["loss"][:10].mean()
-    assert set(a) == {"loss", "saturated", "logit_grad", "max_logit"} and a["loss"].shape == (60,)
+    assert set(a) == {"loss", "saturated", "logit_grad", "max_logit", "saturated_grad_share", "saturated_wrong",
+                      "saturated_wrong_loss"} and a["loss"].shape == (60,)
+
+
+def test_saturated_rows_traces():
+    """Unscaled at d_k = 256 most rows start saturated on a wrong key (most of the loss) and pass almost no
+    gradient; scaled, none is saturated at the start. Shares lie in [0, 1], wrong rows are a part of saturated ones."""
+    config = LookupConfig(steps=5)
+    plain, scaled = train_lookup(256, "none", 0, config), train_lookup(256, "sqrt", 0, config)
+    for t in (plain, scaled):
+        for name in ("saturated_grad_share", "saturated_wrong", "saturated_wrong_loss"):
+            assert ((t[name] >= 0) & (t[name] <= 1)).all(), name
+        assert (t["saturated_wrong"] <= t["saturated"]).all()
+    assert plain["saturated_wrong"][0] > 0.4 and plain["saturated_wrong_loss"][0] > 0.5
+    assert plain["saturated_grad_share"][0] < 0.01
+    assert scaled["saturated"][0] == 0 and scaled["saturated_grad_share"][0] == 0
 
 
 def test_lookup_batch_targets_are_the_picked_values():

@@ -223,8 +223,9 @@ def _rows_rule(got, expected) -> str | None:
           ops=("torch",),
           prop_doc="output equality is the property, on permutations the grader draws (10 to 16 tokens): the rule "
                    "is judged on every row of every permutation, and the answer may not run PyTorch (a measurement "
-                   "with the module is refused; a table of the check cell's permutations fails the grader's draw). "
-                   "Not closed: an answer that re-implements attention in NumPy and measures",
+                   "with the module is refused, so is NumPy; a table of the check cell's permutations fails the "
+                   "grader's draw). Not closed: an answer that re-implements attention in plain Python and measures "
+                   "(it runs the experiment instead of stating the rule; the README's guard limits say so)",
           hint="work one small permutation through by hand, say 4 tokens with two of them swapped: for each output "
                "row, what does its query read before the permutation, and what after?")
 def _predict_permutation():
