@@ -123,10 +123,10 @@ def _decode_breaker_copy_then_gather(q, k, v, q_index, w_index, k_index, top_k):
                    "with the unselected keys masked, or a copy of the whole cache, is refused",
           title="One DeepSeek Sparse Attention decode step: the lightning indexer's top-k, then attention over those "
                 "tokens only",
-          hint="the indexer's score of cached token s is the sum over indexer heads j of w_j times ReLU(q_j . k_s): "
-               "the ReLU comes before the weighted sum; take the top_k tokens (all of them when top_k >= S), list "
-               "them in increasing order, gather those rows of the main keys and values, and run softmax attention "
-               "(scale 1/sqrt(D)) of every head over them")
+          hint="where does the rectifier go in the indexer's score, before or after the heads' weights are "
+               "applied? How many tokens can you choose when the cache is shorter than top_k? Which rows of the main "
+               "keys and values does the attention of the chosen tokens need, and can you take only those before "
+               "any score is computed?")
 def _indexer_decode_cases():
     """(out (H, Dv), idx (min(top_k, S),) long ascending) for one decode query over S cached tokens."""
     gen = torch.Generator().manual_seed(142)
