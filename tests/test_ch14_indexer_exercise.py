@@ -26,6 +26,17 @@ def test_right_answer_passes(tmp_path, monkeypatch):
     accepted("14-indexer-decode", indexer_decode, tmp_path, monkeypatch)
 
 
+def test_gathering_by_flat_indices_passes(tmp_path, monkeypatch):
+    def by_take(q, k, v, q_index, w_index, k_index, top_k):  # the selected rows taken by flat indices
+        chosen = torch.sort(torch.topk(torch.relu(k_index @ q_index.T) @ w_index, min(top_k, len(k))).indices)[0]
+        rows_k = torch.take(k, (chosen[:, None] * k.shape[1] + torch.arange(k.shape[1])).reshape(-1))
+        rows_v = torch.take(v, (chosen[:, None] * v.shape[1] + torch.arange(v.shape[1])).reshape(-1))
+        w = torch.softmax(q @ rows_k.view(len(chosen), -1).T / math.sqrt(q.shape[1]), 1)
+        return w @ rows_v.view(len(chosen), -1), chosen
+
+    accepted("14-indexer-decode", by_take, tmp_path, monkeypatch)
+
+
 def test_dense_then_mask_and_row_by_row_reads_refused(tmp_path, monkeypatch):
     def dense_weights_zeroed(q, k, v, q_index, w_index, k_index, top_k):  # every weight, then the unselected zeroed
         chosen = torch.sort(torch.topk(torch.relu(k_index @ q_index.T) @ w_index, min(top_k, len(k))).indices)[0]

@@ -54,6 +54,8 @@ def _reads_top_k(runs) -> str | None:
                 width = k.shape[1] if label == "arg1" else v.shape[1]
                 if _INDEXING.match(op):  # the rows its index tensor names (a boolean mask names every row)
                     named = max([int(sh[0]) for lab, _o, sh, _s in tensors if lab is None and len(sh) >= 1] or [s])
+                    if op == "take":  # flat indices into the (S, width) cache: width of them per row
+                        named = -(-named // max(width, 1))
                     if named > n_sel:
                         return (f"case '{run.case.name}': an indexing operator ({op}) named {named} rows of the main "
                                 f"{what}s (indices or a mask over every row), more than the {n_sel} the indexer "
