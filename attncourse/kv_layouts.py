@@ -11,7 +11,7 @@ The model is :func:`attncourse.char_lm.char_lm`'s (2 pre-norm blocks, ``d = 64``
 Every layout trains with :func:`~attncourse.char_lm.train_char_lm`'s recipe (AdamW, one-cycle, peak 3e-3, batch
 32 windows of 64 characters, 600 steps) on the same batches from the same seed, on *Coriolanus*
 (:func:`~attncourse.char_lm.shakespeare_chars`, continuous text). ``python -m attncourse.kv_layouts`` retrains all
-of them (3 seeds, about ten minutes of CPU) and writes ``notebooks/results/ch05_layouts.json`` (held-out losses and
+of them (3 seeds, one process per run, about 15 minutes of CPU in all) and writes ``notebooks/results/ch05_layouts.json`` (held-out losses and
 curves) and ``ch05_layouts_seed0.pt`` (the seed-0 MQA and MLA-32 weights, for lesson 05 to re-measure).
 """
 from __future__ import annotations
@@ -120,39 +120,33 @@ def train_layout(layout: str, train: torch.Tensor, vocab_size: int, seed: int, s
     return model, losses, curve
 
 
-def _train_seeds(layout: str, seeds: tuple[int, ...], data_dir: str) -> tuple[str, list, list, int, dict | None]:
-    """One worker: every seed of `layout` -> (layout, final held-out losses, curves, parameters, seed-0 weights)."""
+def _train_one(layout: str, seed: int, data_dir: str) -> tuple[str, int, list[float], int, dict | None]:
+    """One worker: `layout` on `seed` -> (layout, seed, held-out curve, parameters, weights if seed 0 of MQA/MLA-32)."""
     torch.set_num_threads(1)
     train, held_text, vocab = shakespeare_chars(Path(data_dir) / "shakespeare" / "coriolanus.txt")
-    held = held_out_windows(held_text)
-    finals, curves, weights, n_params = [], [], None, 0
-    for seed in seeds:
-        model, _, curve = train_layout(layout, train, len(vocab), seed, held=held)
-        finals.append(curve[-1])
-        curves.append(curve)
-        n_params = sum(p.numel() for p in model.parameters())
-        if seed == 0 and layout in ("MQA", "MLA-32"):
-            weights = model.state_dict()
-        print(layout, seed, round(curve[-1], 4), flush=True)
-    return layout, finals, curves, n_params, weights
+    model, _, curve = train_layout(layout, train, len(vocab), seed, held=held_out_windows(held_text))
+    keep = seed == 0 and layout in ("MQA", "MLA-32")
+    print(layout, seed, round(curve[-1], 4), flush=True)
+    return layout, seed, curve, sum(p.numel() for p in model.parameters()), model.state_dict() if keep else None
 
 
-def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: int = len(LAYOUTS)) -> dict:
-    """Train every layout on every seed (one process per layout), write the JSON of results and the seed-0
+def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: int | None = None) -> dict:
+    """Train every layout on every seed (one process per run), write the JSON of results and the seed-0
     weights of MQA and MLA-32; returns the results."""
     from concurrent.futures import ProcessPoolExecutor
 
     out_dir = Path(out_dir)
     data_dir = str(out_dir.parent / "data")
     result = {"seeds": list(seeds), "steps": STEPS, "context": CONTEXT, "eval_every": 100,
-              "cache_numbers": {lay: cache_numbers(lay) for lay in LAYOUTS}, "params": {}, "held_out": {},
-              "curves": {}}
+              "cache_numbers": {lay: cache_numbers(lay) for lay in LAYOUTS}, "params": {},
+              "held_out": {lay: [None] * len(seeds) for lay in LAYOUTS},
+              "curves": {lay: [None] * len(seeds) for lay in LAYOUTS}}
     weights = {}
-    with ProcessPoolExecutor(workers) as pool:
-        jobs = [pool.submit(_train_seeds, lay, tuple(seeds), data_dir) for lay in LAYOUTS]
-        for job in jobs:
-            layout, finals, curves, n_params, w = job.result()
-            result["held_out"][layout], result["curves"][layout] = finals, curves
+    runs = [(lay, seed) for lay in LAYOUTS for seed in seeds]
+    with ProcessPoolExecutor(workers or len(runs)) as pool:
+        for layout, seed, curve, n_params, w in pool.map(_train_one, *zip(*runs), [data_dir] * len(runs)):
+            i = list(seeds).index(seed)
+            result["held_out"][layout][i], result["curves"][layout][i] = curve[-1], curve
             result["params"][layout] = n_params
             if w is not None:
                 weights[layout] = w
