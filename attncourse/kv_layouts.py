@@ -11,8 +11,9 @@ The model is :func:`attncourse.char_lm.char_lm`'s (2 pre-norm blocks, ``d = 64``
 Every layout trains with :func:`~attncourse.char_lm.train_char_lm`'s recipe (AdamW, one-cycle, peak 3e-3, batch
 32 windows of 64 characters, 600 steps) on the same batches from the same seed, on *Coriolanus*
 (:func:`~attncourse.char_lm.shakespeare_chars`, continuous text). ``python -m attncourse.kv_layouts`` retrains all
-of them (3 seeds, one process per run, about 15 minutes of CPU in all) and writes ``notebooks/results/ch05_layouts.json`` (held-out losses and
-curves) and ``ch05_layouts_seed0.pt`` (the seed-0 MQA and MLA-32 weights, for lesson 05 to re-measure).
+of them (3 seeds, one spawned process per run, about 15 minutes of CPU in all) and writes
+``notebooks/results/ch05_layouts.json`` (held-out losses and curves) and ``ch05_layouts_seed0.pt`` (the seed-0 MQA
+and MLA-32 weights, for a lesson to measure again). The stored run does not exist yet: lesson 05 does not read it.
 """
 from __future__ import annotations
 
@@ -143,7 +144,9 @@ def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: in
               "curves": {lay: [None] * len(seeds) for lay in LAYOUTS}}
     weights = {}
     runs = [(lay, seed) for lay in LAYOUTS for seed in seeds]
-    with ProcessPoolExecutor(workers or len(runs)) as pool:
+    import multiprocessing
+
+    with ProcessPoolExecutor(workers or len(runs), mp_context=multiprocessing.get_context("spawn")) as pool:
         for layout, seed, curve, n_params, w in pool.map(_train_one, *zip(*runs), [data_dir] * len(runs)):
             i = list(seeds).index(seed)
             result["held_out"][layout][i], result["curves"][layout][i] = curve[-1], curve
