@@ -121,24 +121,27 @@ def train_layout(layout: str, train: torch.Tensor, vocab_size: int, seed: int, s
     return model, losses, curve
 
 
-def _train_one(layout: str, seed: int, data_dir: str) -> tuple[str, int, list[float], int, dict | None]:
+def _train_one(layout: str, seed: int, data_dir: str, steps: int = STEPS
+               ) -> tuple[str, int, list[float], int, dict | None]:
     """One worker: `layout` on `seed` -> (layout, seed, held-out curve, parameters, weights if seed 0 of MQA/MLA-32)."""
     torch.set_num_threads(1)
     train, held_text, vocab = shakespeare_chars(Path(data_dir) / "shakespeare" / "coriolanus.txt")
-    model, _, curve = train_layout(layout, train, len(vocab), seed, held=held_out_windows(held_text))
+    held = held_out_windows(held_text)
+    model, _, curve = train_layout(layout, train, len(vocab), seed, steps, held=held, eval_every=50)
     keep = seed == 0 and layout in ("MQA", "MLA-32")
     print(layout, seed, round(curve[-1], 4), flush=True)
     return layout, seed, curve, sum(p.numel() for p in model.parameters()), model.state_dict() if keep else None
 
 
-def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: int | None = None) -> dict:
+def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: int | None = None,
+         steps: int = STEPS) -> dict:
     """Train every layout on every seed (one process per run), write the JSON of results and the seed-0
     weights of MQA and MLA-32; returns the results."""
     from concurrent.futures import ProcessPoolExecutor
 
     out_dir = Path(out_dir)
     data_dir = str(out_dir.parent / "data")
-    result = {"seeds": list(seeds), "steps": STEPS, "context": CONTEXT, "eval_every": 100,
+    result = {"seeds": list(seeds), "steps": steps, "context": CONTEXT, "eval_every": 50,
               "cache_numbers": {lay: cache_numbers(lay) for lay in LAYOUTS}, "params": {},
               "held_out": {lay: [None] * len(seeds) for lay in LAYOUTS},
               "curves": {lay: [None] * len(seeds) for lay in LAYOUTS}}
@@ -147,7 +150,8 @@ def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: in
     import multiprocessing
 
     with ProcessPoolExecutor(workers or len(runs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for layout, seed, curve, n_params, w in pool.map(_train_one, *zip(*runs), [data_dir] * len(runs)):
+        jobs = pool.map(_train_one, *zip(*runs), [data_dir] * len(runs), [steps] * len(runs))
+        for layout, seed, curve, n_params, w in jobs:
             i = list(seeds).index(seed)
             result["held_out"][layout][i], result["curves"][layout][i] = curve[-1], curve
             result["params"][layout] = n_params
@@ -158,5 +162,6 @@ def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: in
     return result
 
 
-if __name__ == "__main__":
-    main(*sys.argv[1:2])
+if __name__ == "__main__":  # python -m attncourse.kv_layouts [STEPS [WORKERS]]
+    main(steps=int(sys.argv[1]) if len(sys.argv) > 1 else STEPS,
+         workers=int(sys.argv[2]) if len(sys.argv) > 2 else None)
