@@ -9,11 +9,11 @@ The model is :func:`attncourse.char_lm.char_lm`'s (2 pre-norm blocks, ``d = 64``
   numbers: the caches of GQA-2 and MQA, number for number (so byte for byte in any one dtype).
 
 Every layout trains with :func:`~attncourse.char_lm.train_char_lm`'s recipe (AdamW, one-cycle, peak 3e-3, batch
-32 windows of 64 characters, 600 steps) on the same batches from the same seed, on *Coriolanus*
-(:func:`~attncourse.char_lm.shakespeare_chars`, continuous text). ``python -m attncourse.kv_layouts`` retrains all
-of them (3 seeds, one spawned process per run, about 15 minutes of CPU in all) and writes
-``notebooks/results/ch05_layouts.json`` (held-out losses and curves) and ``ch05_layouts_seed0.pt`` (the seed-0 MQA
-and MLA-32 weights, for a lesson to measure again). The stored run does not exist yet: lesson 05 does not read it.
+32 windows of 64 characters) for the same number of steps, on the same batches from the same seed, on *Coriolanus*
+(:func:`~attncourse.char_lm.shakespeare_chars`, continuous text). ``python -m attncourse.kv_layouts 300`` retrains
+all fifteen runs for 300 steps (half the char-LM's 600), one spawned process per run, and writes
+``notebooks/results/ch05_layouts.json`` (held-out losses every 50 steps) and ``ch05_layouts_seed0.pt`` (the seed-0
+MQA and MLA-32 weights), which lesson 05 reads, measures again and checks.
 """
 from __future__ import annotations
 

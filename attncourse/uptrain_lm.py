@@ -1,14 +1,15 @@
 r"""Chapter 05: uptraining the character-level RoPE model's GQA-2 and MQA conversions (Ainslie et al. 2023, sec. 3.3).
 
 Ainslie et al. convert a trained MHA checkpoint (mean-pooled K/V heads) and continue pre-training it with the same
-recipe for a proportion :math:`\alpha` of the original steps (0.05 in their main runs, section 3.1; their Figure 5, section 3.3, varies it for T5-XXL with MQA and GQA-8).
+recipe for a proportion :math:`\alpha` of the original steps (0.05 in their main runs, section 3.1; their Figure 5,
+section 3.3, varies it for T5-XXL with MQA and GQA-8).
 Here the checkpoints are the three stored :mod:`attncourse.char_lm` models (600 steps on Tatoeba), so 5% is
 30 steps and 10% is 60. Each conversion is uptrained with the models' own recipe
 (:func:`~attncourse.gpt.train_lm`: AdamW, one-cycle, peak 3e-3, batch 32 windows of 64 characters) on batches drawn
 from ``2000 + seed``, the same for every conversion of a seed, and so is the unconverted MHA model, as a control:
 how much of the gain is just 30 more steps.
 
-``python -m attncourse.uptrain_lm`` writes ``notebooks/results/ch05_uptrain.json`` (about two minutes of CPU).
+``python -m attncourse.uptrain_lm`` writes ``notebooks/results/ch05_uptrain.json`` (a few minutes of CPU).
 """
 from __future__ import annotations
 
