@@ -175,3 +175,53 @@ def mla_decode_attention_cost(n_heads: int, kv_rank: int, rope_dim: int, context
     flops = 2 * n_heads * context_len * (kv_rank + rope_dim) + 2 * n_heads * context_len * kv_rank
     cache_bytes = context_len * (kv_rank + rope_dim) * bytes_per_element
     return {"flops": flops, "kv_bytes": cache_bytes, "flops_per_byte": flops / cache_bytes}
+
+
+def mla_attention_flops(n_heads: int, kv_rank: int, rope_dim: int, head_dim: int, n_new: int, context_len: int,
+                        v_head_dim: int | None = None) -> dict[str, int]:
+    """Attention FLOPs of one MLA layer and sequence, `n_new` new queries over `context_len` tokens (the new ones
+    included), in the two forms of :class:`MultiHeadLatentAttention`; projections from x (shared) not counted.
+
+    * ``expanded``: every cached latent is expanded to per-head keys and values, ``2 S r H (d_h + d_v)``, then
+      ordinary MHA over a key of ``d_h + d_rope`` and a value of ``d_v``: ``2 H T S (d_h + d_rope + d_v)``;
+    * ``absorbed``: each query is mapped into the latent, ``2 H T d_h r``, attends over the ``r + d_rope`` wide
+      cache and mixes ``r``-wide latents, ``2 H T S (2 r + d_rope)``, and the result is expanded, ``2 H T r d_v``.
+
+    Scores are counted dense (all T x S, as the module computes them before masking). The expansion is paid once
+    per step whatever T is, the absorbed form's wider dot products once per query: absorbing wins for few queries
+    (decode), expanding for many (prefill). Raises ValueError for a non-positive argument or n_new > context_len.
+    """
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    for name, v in (("n_heads", n_heads), ("kv_rank", kv_rank), ("rope_dim", rope_dim), ("head_dim", head_dim),
+                    ("v_head_dim", v_head_dim), ("n_new", n_new), ("context_len", context_len)):
+        _validate.positive_int(name, v)
+    if n_new > context_len:
+        raise ValueError(f"n_new must be <= context_len (the new tokens are part of it), got {n_new} > {context_len}")
+    h, r, dr, dn, dv, t, s = n_heads, kv_rank, rope_dim, head_dim, v_head_dim, n_new, context_len
+    expanded = 2 * s * r * h * (dn + dv) + 2 * h * t * s * (dn + dr + dv)
+    absorbed = 2 * h * t * dn * r + 2 * h * t * s * (2 * r + dr) + 2 * h * t * r * dv
+    return {"expanded": expanded, "absorbed": absorbed}
+
+
+def matmul_flops(fn) -> int:
+    """FLOPs of the matrix products ``fn()`` runs: ``2 m k n`` for every ATen ``mm``/``addmm`` and ``b`` times that
+    for ``bmm``/``baddbmm`` (what ``@``, ``nn.Linear`` and batched matmuls dispatch to), counted by intercepting ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    total = 0
+    products = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> argument indices of A, B
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal total
+            name = func.overloadpacket.__name__
+            if name in products:
+                a, b = (args[i] for i in products[name])
+                total += 2 * a.numel() * b.shape[-1]  # (.., m, k) @ (.., k, n): 2 m k n per batch entry
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return total
