@@ -112,19 +112,22 @@ def losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def recompute_losses(model, stream: torch.Tensor, window: int, batch_size: int = 64) -> torch.Tensor:
+def recompute_losses(model, stream: torch.Tensor, window: int, batch_size: int = 64, every: int = 1) -> torch.Tensor:
     """Per-character loss (T - 1,) on a 1-D `stream` when character t + 1 is predicted by a fresh forward over
-    characters ``max(0, t - window + 1) .. t`` (no cache kept between characters)."""
+    characters ``max(0, t - window + 1) .. t`` (no cache kept between characters). Past the first window only every
+    `every`-th prediction is made (NaN elsewhere): each costs a whole forward."""
     _validate.positive_int("window", window)
+    _validate.positive_int("every", every)
     if stream.dim() != 1 or stream.is_floating_point() or len(stream) <= window:
         raise ValueError(f"stream must be 1-D ids longer than window={window}, got shape {tuple(stream.shape)}")
-    head = losses(model(stream[None, :window]), stream[None, :window])[0]  # the first window - 1 predictions
+    out = torch.full((len(stream) - 1,), float("nan"))
+    out[:window - 1] = losses(model(stream[None, :window]), stream[None, :window])[0]  # the first window - 1
     rows = stream.unfold(0, window + 1, 1)  # (T - window, window + 1): a window and the character after it
-    out = [head]
-    for chunk in rows.split(batch_size):
-        logits = model(chunk[:, :-1])[:, -1]  # (b, V): the last character's prediction
-        out.append(F.cross_entropy(logits.float(), chunk[:, -1], reduction="none"))
-    return torch.cat(out)
+    idx = torch.arange(0, len(rows), every)
+    for chunk in idx.split(batch_size):
+        logits = model(rows[chunk, :-1])[:, -1]  # (b, V): the last character's prediction
+        out[chunk + window - 1] = F.cross_entropy(logits.float(), rows[chunk, -1], reduction="none")
+    return out
 
 
 @torch.no_grad()

@@ -20,8 +20,8 @@ from .char_lm import shakespeare_chars, windows
 from .gpt import GPT, GPTConfig, train_lm
 
 CONTEXT = 256  # training window, characters
-STEPS = 500  # AdamW steps (train_lm: one-cycle schedule, peak learning rate 3e-3)
-BATCH = 16  # windows per step
+STEPS = 250  # AdamW steps (train_lm: one-cycle schedule, peak learning rate 3e-3)
+BATCH = 8  # windows per step
 SEEDS = (0, 1, 2)
 ROOT = Path(__file__).resolve().parent.parent / "notebooks"
 TEXT = ROOT / "data" / "shakespeare" / "coriolanus.txt"
@@ -43,11 +43,16 @@ def play_lm(vocab_size: int, seed: int) -> GPT:
                              position="rope"))
 
 
-def train_play_lm(train: torch.Tensor, vocab_size: int, seed: int, steps: int = STEPS) -> tuple[GPT, list[float]]:
+def train_play_lm(train: torch.Tensor, vocab_size: int, seed: int, steps: int = STEPS, verbose: bool = False
+                  ) -> tuple[GPT, list[float]]:
     """Train :func:`play_lm` of `seed` on random windows of :data:`CONTEXT` characters; returns (model, losses)."""
     model = play_lm(vocab_size, seed)
     gen = torch.Generator().manual_seed(2000 + seed)
-    losses = train_lm(model, lambda step: windows(train, BATCH, CONTEXT, gen), steps, lr=3e-3)
+    def batch(step: int) -> torch.Tensor:
+        if verbose and step % 50 == 0:
+            print(f"seed {seed} step {step}", flush=True)
+        return windows(train, BATCH, CONTEXT, gen)
+    losses = train_lm(model, batch, steps, lr=3e-3)
     return model, losses
 
 
@@ -78,10 +83,10 @@ def main(seeds: list[int]) -> None:
     torch.set_num_threads(1)
     train, held_out, vocab = play_text()
     for seed in seeds:
-        model, losses = train_play_lm(train, len(vocab), seed)
+        model, losses = train_play_lm(train, len(vocab), seed, verbose=True)
         torch.save(model.state_dict(), weights_path(seed))
         log = {"seed": seed, "steps": STEPS, "batch": BATCH, "context": CONTEXT, "train_loss_last50":
-               sum(losses[-50:]) / 50, "held_out_loss": held_out_loss(model, held_out), "losses": losses[::10]}
+               sum(losses[-25:]) / 25, "held_out_loss": held_out_loss(model, held_out), "losses": losses[::5]}
         (RESULTS / f"play_lm_seed{seed}.json").write_text(json.dumps(log, indent=1))
         print(seed, log["train_loss_last50"], log["held_out_loss"], flush=True)
 

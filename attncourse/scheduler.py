@@ -13,7 +13,8 @@ compute-bound (its cost grows with its tokens). Two policies for a new long prom
 
 :func:`simulate` runs either policy on a list of :class:`Request` with a :class:`StepCost` model and reports the
 time between tokens (TBT) every decoding request sees, time to first token (TTFT) and throughput. The cost
-model is a roofline: a step takes ``max(weights read once, tokens x FLOPs per token) + a fixed overhead``.
+model is a roofline: a step takes ``max(weights read once, tokens x FLOPs per token) + a fixed overhead``; with
+``StepCost.kv_token_s`` the memory side also reads every cached token the step's queries attend to.
 Everything is deterministic (simulated time), so the numbers do not depend on the machine running it.
 """
 
@@ -25,7 +26,7 @@ import torch
 
 from . import _validate
 
-__all__ = ["Request", "StepCost", "SimResult", "simulate", "random_workload", "A100_7B"]
+__all__ = ["Request", "StepCost", "SimResult", "simulate", "random_workload", "A100_7B", "A100_7B_KV"]
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,24 @@ class Request:
 
 @dataclass(frozen=True)
 class StepCost:
-    """Duration of a step of `n` tokens: ``max(memory_s, n * token_s) + overhead_s`` seconds."""
+    """Duration of a step of `n` tokens reading `kv` cached tokens:
+    ``max(memory_s + kv * kv_token_s, n * token_s) + overhead_s`` seconds (``kv_token_s = 0``: weights only)."""
 
     memory_s: float  # reading the weights once (the whole cost of a small decode batch)
     token_s: float  # compute per token once the step is compute-bound
     overhead_s: float = 0.0
+    kv_token_s: float = 0.0  # reading one cached token's keys and values (every layer) once
 
-    def __call__(self, n_tokens: int) -> float:
-        return max(self.memory_s, n_tokens * self.token_s) + self.overhead_s
+    def __call__(self, n_tokens: int, kv_tokens: int = 0) -> float:
+        return max(self.memory_s + kv_tokens * self.kv_token_s, n_tokens * self.token_s) + self.overhead_s
 
 
 # A 7B-parameter model in bfloat16 on an A100 (1.6 TB/s, 312 TFLOP/s dense bf16 at an assumed 50 % utilisation):
 # 14 GB of weights read per step, 2 x 7e9 FLOPs per token; attention's own cost is left out (small at these lengths).
 A100_7B = StepCost(memory_s=14e9 / 1.6e12, token_s=2 * 7e9 / (0.5 * 312e12), overhead_s=1e-3)
+# The same with the KV-cache reads: a LLaMA-2-7B token's keys and values, 2 x 32 layers x 4096 x 2 bytes = 512 KiB.
+A100_7B_KV = StepCost(memory_s=14e9 / 1.6e12, token_s=2 * 7e9 / (0.5 * 312e12), overhead_s=1e-3,
+                      kv_token_s=2 * 32 * 4096 * 2 / 1.6e12)
 
 
 @dataclass
@@ -124,7 +130,9 @@ def simulate(requests: list[Request], *, token_budget: int, chunked: bool, cost:
         else:
             batch_decodes = list(decoding)
         n_tokens = len(batch_decodes) + sum(n for _, n in chunks)
-        now += cost(n_tokens)
+        kv_tokens = sum(requests[i].prompt_len + generated[i] for i in batch_decodes)  # each decode reads its cache
+        kv_tokens += sum(prefilled[i] + n for i, n in chunks)  # a chunk reads the prompt so far and itself
+        now += cost(n_tokens, kv_tokens)
         result.steps += 1
         result.step_tokens.append(n_tokens)
         for i in batch_decodes:  # one token each

@@ -101,6 +101,9 @@ def test_recompute_losses():
     m = _model()
     stream = _tokens(1, 40)[0]
     got = play_eval.recompute_losses(m, stream, 9, batch_size=7)
+    some = play_eval.recompute_losses(m, stream, 9, batch_size=7, every=4)
+    assert torch.equal(some.isnan(), torch.tensor([False] * 8 + [i % 4 != 0 for i in range(31)]))
+    torch.testing.assert_close(some[~some.isnan()], got[~some.isnan()])
     assert got.shape == (39,)
     torch.testing.assert_close(got[:8], play_eval.losses(m(stream[None, :9]), stream[None, :9])[0])
     t = 25  # predict stream[t + 1] from stream[t - 8 .. t]
