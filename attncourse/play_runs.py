@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -109,21 +110,22 @@ def main(args: list[str]) -> None:
     """``python -m attncourse.play_runs SEED`` runs one seed into a part file (three can run side by side);
     ``python -m attncourse.play_runs`` runs the missing seeds and joins the parts into the stored file."""
     torch.set_num_threads(1)
-    part = RESULTS / "ch11_play_kv_part{}.json"
+    def part(seed: int) -> Path:
+        return RESULTS / f"ch11_play_kv_part{seed}.json"
     for seed in [int(a) for a in args] or SEEDS:
-        if not args and part.format(seed).exists():
+        if not args and part(seed).exists():
             continue
         t0 = time.time()
-        part.format(seed).write_text(json.dumps(run_seed(seed)))
+        part(seed).write_text(json.dumps(run_seed(seed)))
         print(seed, f"{time.time() - t0:.0f} s", flush=True)
     if args:
         return
     record = {"date": time.strftime("%Y-%m-%d"), "stream": STREAM, "cache": CACHE, "sinks": SINKS, "bin": BIN,
               "every": EVERY, "prompt": PROMPT, "budgets": list(BUDGETS), "bits": list(BITS), "duo_cache": DUO_CACHE,
-              "duo_full": list(DUO_FULL), "seeds": {str(s): json.loads(part.format(s).read_text()) for s in SEEDS}}
+              "duo_full": list(DUO_FULL), "seeds": {str(s): json.loads(part(s).read_text()) for s in SEEDS}}
     (RESULTS / "ch11_play_kv.json").write_text(json.dumps(record))
     for s in SEEDS:
-        part.format(s).unlink()
+        part(s).unlink()
 
 
 if __name__ == "__main__":
