@@ -72,6 +72,8 @@ class SimResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     step_tokens: list[int] = field(default_factory=list)
+    preemptions: int = 0  # requests evicted from the KV pool (recompute)
+    recomputed_tokens: int = 0  # cached tokens those preemptions threw away
 
     def tbt_quantile(self, q: float) -> float:
         return float(torch.quantile(torch.tensor(self.tbt, dtype=torch.float64), q)) if self.tbt else 0.0
@@ -83,12 +85,17 @@ class SimResult:
 
 
 def simulate(requests: list[Request], *, token_budget: int, chunked: bool, cost: StepCost = A100_7B,
-             max_running: int = 256) -> SimResult:
+             max_running: int = 256, kv_pool: int | None = None) -> SimResult:
     """Serve `requests` step by step with one of the two policies (see the module docstring).
 
     `token_budget` caps the tokens of a step: with `chunked`, decodes first and prompt chunks fill the rest;
     without, a step prefills whole prompts (at least one, however long, more while they fit in the budget)
     and no decode runs in it. At most `max_running` requests are admitted at once (first come, first served).
+
+    `kv_pool`: None (unbounded) or the tokens the KV cache holds. A request is admitted only when its prompt fits
+    beside what is cached; when the next step's new tokens do not fit, the request admitted last is **preempted
+    by recompute** (vLLM's default): its cache is freed, it goes back to the front of the queue, and when
+    readmitted it prefills its prompt and every token it had generated again, then carries on decoding.
     """
     if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests) or not requests:
         raise TypeError("requests must be a non-empty list of Request")
@@ -96,39 +103,61 @@ def simulate(requests: list[Request], *, token_budget: int, chunked: bool, cost:
     _validate.positive_int("max_running", max_running)
     if not isinstance(chunked, bool):
         raise TypeError(f"chunked must be a bool, got {type(chunked).__name__}")
+    if kv_pool is not None:
+        _validate.positive_int("kv_pool", kv_pool)
+        most = max(r.prompt_len + r.output_len for r in requests)
+        if most > kv_pool:
+            raise ValueError(f"kv_pool={kv_pool} cannot hold one request of {most} tokens (prompt + output)")
+    pool = float("inf") if kv_pool is None else kv_pool
     pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival)  # not arrived or not admitted
-    prefilled = [0] * len(requests)  # prompt tokens done
+    target = [r.prompt_len for r in requests]  # tokens to prefill: the prompt, or after a preemption also the output
+    prefilled = [0] * len(requests)  # of target, done
+    cached = [0] * len(requests)  # tokens in the KV cache
     generated = [0] * len(requests)
     last_token = [0.0] * len(requests)
     prefilling: list[int] = []  # admitted, prompt not finished (FCFS)
     decoding: list[int] = []
+    admitted: list[int] = []  # running requests in admission order (the last one is preempted first)
     result, now = SimResult(), 0.0
     while pending or prefilling or decoding:
-        while pending and requests[pending[0]].arrival <= now and len(prefilling) + len(decoding) < max_running:
+        while (pending and requests[pending[0]].arrival <= now and len(prefilling) + len(decoding) < max_running
+               and sum(cached) + target[pending[0]] <= pool):
+            admitted.append(pending[0])
             prefilling.append(pending.pop(0))
         if not prefilling and not decoding:
             now = max(now, requests[pending[0]].arrival)
             continue
-        chunks: list[tuple[int, int]] = []  # (request, prompt tokens this step)
-        if chunked:
-            batch_decodes = list(decoding)
-            room = token_budget - len(batch_decodes)
-            for i in prefilling:
-                if room <= 0:
-                    break
-                n = min(room, requests[i].prompt_len - prefilled[i])
-                chunks.append((i, n))
-                room -= n
-        elif prefilling:  # whole prompts, decodes wait
-            batch_decodes, room = [], token_budget
-            for i in prefilling:
-                n = requests[i].prompt_len
-                if chunks and n > room:
-                    break
-                chunks.append((i, n))
-                room -= n
-        else:
-            batch_decodes = list(decoding)
+        while True:  # plan the step; preempt while its new tokens do not fit in the pool
+            chunks: list[tuple[int, int]] = []  # (request, prompt tokens this step)
+            if chunked:
+                batch_decodes = list(decoding)
+                room = token_budget - len(batch_decodes)
+                for i in prefilling:
+                    if room <= 0:
+                        break
+                    n = min(room, target[i] - prefilled[i])
+                    chunks.append((i, n))
+                    room -= n
+            elif prefilling:  # whole prompts, decodes wait
+                batch_decodes, room = [], token_budget
+                for i in prefilling:
+                    n = target[i] - prefilled[i]
+                    if chunks and n > room:
+                        break
+                    chunks.append((i, n))
+                    room -= n
+            else:
+                batch_decodes = list(decoding)
+            new = len(batch_decodes) + sum(n for _, n in chunks)
+            if sum(cached) + new <= pool or len(admitted) == 1:
+                break
+            victim = admitted.pop()  # recompute: free its cache, back to the front of the queue
+            (decoding if victim in decoding else prefilling).remove(victim)
+            result.preemptions += 1
+            result.recomputed_tokens += cached[victim]
+            cached[victim], prefilled[victim] = 0, 0
+            target[victim] = requests[victim].prompt_len + generated[victim]
+            pending.insert(0, victim)
         n_tokens = len(batch_decodes) + sum(n for _, n in chunks)
         kv_tokens = sum(requests[i].prompt_len + generated[i] for i in batch_decodes)  # each decode reads its cache
         kv_tokens += sum(prefilled[i] + n for i, n in chunks)  # a chunk reads the prompt so far and itself
@@ -136,19 +165,29 @@ def simulate(requests: list[Request], *, token_budget: int, chunked: bool, cost:
         result.steps += 1
         result.step_tokens.append(n_tokens)
         for i in batch_decodes:  # one token each
+            cached[i] += 1
             result.tbt.append(now - last_token[i])
             last_token[i], generated[i] = now, generated[i] + 1
             if generated[i] == requests[i].output_len:
                 decoding.remove(i)
+                admitted.remove(i)
+                cached[i] = 0
         for i, n in chunks:
             prefilled[i] += n
+            cached[i] += n
             result.prompt_tokens += n
-            if prefilled[i] == requests[i].prompt_len:  # prefill done: its first token comes out now
+            if prefilled[i] == target[i]:  # prefill done: its next token comes out now
                 prefilling.remove(i)
-                result.ttft.append(now - requests[i].arrival)
-                last_token[i], generated[i] = now, 1
-                if requests[i].output_len > 1:
+                if generated[i] == 0:
+                    result.ttft.append(now - requests[i].arrival)
+                else:  # a preempted request, recomputed
+                    result.tbt.append(now - last_token[i])
+                last_token[i], generated[i] = now, generated[i] + 1
+                if generated[i] < requests[i].output_len:
                     decoding.append(i)
+                else:
+                    admitted.remove(i)
+                    cached[i] = 0
     result.makespan = now
     result.output_tokens = sum(generated)
     return result
