@@ -42,3 +42,30 @@ def test_bad_input():
         simulate([Request(0.0, 4, 1)], token_budget=8, chunked=1)
     with pytest.raises(ValueError, match="seed"):
         random_workload(-1)
+
+
+def test_kv_reads_lengthen_decode_steps_by_the_cache_they_read():
+    cost = StepCost(memory_s=1.0, token_s=0.01, overhead_s=0.5, kv_token_s=0.001)
+    res = simulate([Request(0.0, 100, 4)], token_budget=512, chunked=True, cost=cost)
+    assert res.ttft == [pytest.approx(1.0 + 100 * 0.001 + 0.5)]  # the prefill reads its 100 tokens
+    # decode step g reads the prompt and the g tokens generated so far
+    assert res.tbt == [pytest.approx(1.0 + (100 + g) * 0.001 + 0.5) for g in (1, 2, 3)]
+    base = simulate([Request(0.0, 100, 4)], token_budget=512, chunked=True, cost=StepCost(1.0, 0.01, 0.5))
+    assert base.tbt == [pytest.approx(1.5)] * 3
+
+
+def test_preemption_by_recompute_when_the_pool_runs_out():
+    reqs = [Request(0.0, 40, 30), Request(0.0, 40, 30), Request(0.0, 40, 30)]
+    free = simulate(reqs, token_budget=256, chunked=True, cost=FLAT)
+    assert free.preemptions == 0 and free.prompt_tokens == 120
+    tight = simulate(reqs, token_budget=256, chunked=True, cost=FLAT, kv_pool=150)
+    assert tight.preemptions > 0 and tight.recomputed_tokens > 0
+    assert tight.output_tokens == 90  # every request still finishes
+    assert tight.prompt_tokens > 120  # preempted requests prefill their prompt and their output again
+    assert max(tight.tbt) > max(free.tbt)  # a preempted request waits
+    for pool in (70, 100, 150, 210):
+        r = simulate(reqs, token_budget=256, chunked=True, cost=FLAT, kv_pool=pool)
+        assert r.output_tokens == 90
+    assert simulate(reqs, token_budget=256, chunked=True, cost=FLAT, kv_pool=210).preemptions == 0
+    with pytest.raises(ValueError, match="kv_pool"):
+        simulate(reqs, token_budget=256, chunked=True, cost=FLAT, kv_pool=69)
