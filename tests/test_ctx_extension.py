@@ -56,3 +56,22 @@ def test_bad_input():
         cx.passkey_windows(TEXT[:50], 2, 64, 20, gen)
     with pytest.raises(TypeError, match="measure"):
         cx.fine_tune(char_lm(31, 0), TEXT, 20, 0, measure=None)
+
+
+def test_stored_run_matches_its_weights():
+    from pathlib import Path
+
+    from attncourse.char_lm import shakespeare_chars
+
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    stored = json.loads((root / "results" / "ch06_passkey_text.json").read_text())
+    weights = torch.load(root / "results" / "ch06_passkey_text.pt", weights_only=True)
+    assert stored["seeds"] == weights["seeds"] == [0, 1, 2] and stored["distances"] == list(cx.DISTANCES)
+    _, held, vocab = shakespeare_chars(root / "data" / "shakespeare" / "coriolanus.txt")
+    model = char_lm(len(vocab) + 11, 0)
+    model.load_state_dict({k: v.float() for k, v in weights["state"][1].items()})
+    model.set_rope_scaling(cx.scalings()["YaRN"])
+    sets = cx.test_sets(held, len(vocab))
+    m = cx.measure(model.eval(), {cx.DISTANCES[-1]: sets[cx.DISTANCES[-1]], "text": sets["text"]})
+    zero = stored["results"]["YaRN"]["zero-shot"]
+    assert abs(m["key_acc"][0] - zero["key_acc"][1][-1]) < 2e-3 and abs(m["text_first_L"] - zero["text_first_L"][1]) < 2e-3
