@@ -8,8 +8,8 @@ and Jaggi 2023; PI and YaRN evaluate with it): a window of held-out text holds a
 (:func:`passkey_windows`). The key is ``distance`` positions back. Key symbols and the marker are 11 ids added after
 the text's vocabulary (:func:`extra_ids`); the key is random, so only the earlier copy can predict it.
 
-Finding the key's *first* symbol is a lookup by content (the symbol after the marker); the next ones need an
-induction pattern (find the symbol after the one just written), which reads relative positions. The models
+Reading the key back needs an induction pattern: find the earlier copy of the symbol just written (the marker, then
+each key symbol) and copy the one right after it, which reads relative positions. The models
 (:func:`train_base`) are chapter 05's character model (:func:`~attncourse.char_lm.char_lm`: 2 blocks, 4 heads of 16
 dims, RoPE base 10,000) trained on ``L = 64`` characters: next-character loss on plain text windows plus the loss on
 the key in passkey windows, half a batch each (:func:`batch_loss`). :func:`fine_tune` continues the same training
