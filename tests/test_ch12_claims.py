@@ -111,3 +111,14 @@ def test_read_gpt_reads_the_lessons_stored_gpt():
     r = read_gpt(model.eval())
     assert round(r["ratio"][1]) == 194 and r["count"] == [0, 12] and abs(r["repeat"] - 0.35) < 0.01
     assert [round(x, 2) for x in r["bos"][0]] == [0.78, 0.84, 0.56, 0.49] and max(map(abs, r["nothing"][1])) < 1e-5
+
+
+def test_stored_claim_runs_cover_every_job():
+    import json
+    from pathlib import Path
+    from attncourse.variant_claims import RECIPE, jobs
+    stored = json.loads((Path(__file__).parents[1] / "notebooks/results/ch12_claims_full.json").read_text())
+    assert stored["recipe"] == RECIPE
+    for name, _, seed, kw in jobs():
+        run = stored["runs"][name]
+        assert run["kwargs"] == kw and len(run["seeds"][str(seed)]["repeat_curve"]) == RECIPE["steps"] // 50 + 1
