@@ -250,12 +250,14 @@ def jobs() -> list[tuple]:
     out += [(f"lr/{attention}/{lr:g}", attention, s, dict(lr=lr)) for lr in SWEEP_LRS[:0:-1]
             for attention in ("softmax", "gated") for s in SEEDS]
     return out + [(name, attention, s, kw) for name, attention, kw in (
-        ("softmax_4x16", "softmax", dict(n_heads=4)), ("gated_value", "gated_value", {})) for s in SEEDS]
+        ("softmax_4x16", "softmax", dict(n_heads=4)), ("gated_value", "gated_value", {}),
+        ("sink_init/-10", "sink_logit", dict(sink_init=-10.0)), ("sink_init/+3", "sink_logit", dict(sink_init=3.0)),
+        ("gated_headwise", "gated_headwise", {})) for s in SEEDS]
 
 
 def run_all(path: str = "notebooks/results/ch12_claims_full.json", processes: int = 2,
             part: tuple[int, int] = (0, 1)) -> dict:
-    """Train every run of :func:`jobs` (24 runs of 1000 steps: some 8 minutes of CPU, in two processes) and
+    """Train every run of :func:`jobs` (33 runs of 1000 steps: some 11 minutes of CPU, in two processes) and
     store what :func:`read_run` reads off each, per name and seed; attn_bias seed 0's weights go next to it.
     ``part=(k, n)`` runs only ``jobs()[k::n]`` (separate processes on a shared machine; :func:`merge` joins the
     files)."""
