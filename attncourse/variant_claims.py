@@ -316,7 +316,7 @@ def train_gpt(seed: int, *, attn_bias: bool = False) -> tuple[nn.Module, list[fl
 
 @torch.no_grad()
 def read_gpt(model: nn.Module) -> dict:
-    """Per block: the largest batch-mean |activation| of the residual stream over its median (Sun et al.'s
+    """Per block: the largest batch-mean absolute activation of the residual stream over its median (Sun et al.'s
     measure), and the entries over 100x; per layer and head, the weight on BOS and the share given to "nothing"
     (1 minus the row sum: the attention bias) over the first copy (queries 2..L-1); the loss on each half."""
     test = with_bos(test_batch())  # (128, 1 + 2L)
