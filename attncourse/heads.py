@@ -26,7 +26,8 @@ from . import _validate
 from .mha import MultiHeadAttention
 from .variants import DifferentialAttention, SigmoidAttention
 
-ATTENTIONS = ("softmax", "sigmoid", "differential", "sink_logit", "gated")
+ATTENTIONS = ("softmax", "sigmoid", "differential", "sink_logit", "gated", "gated_headwise", "gated_value",
+              "attn_bias")
 
 
 # ----------------------------------------------------------------------------- data
@@ -94,9 +95,16 @@ def _attention_layer(c: AttnOnlyConfig, layer: int) -> nn.Module:
         return MultiHeadAttention(c.d_model, c.n_heads)
     if c.attention == "sigmoid":
         return SigmoidAttention(c.d_model, c.n_heads)
-    if c.attention in ("sink_logit", "gated"):  # the 2025 answers that keep softmax (chapter 12, section 4b)
-        from .sink_variants import GatedAttention, SinkLogitAttention
-        return (SinkLogitAttention if c.attention == "sink_logit" else GatedAttention)(c.d_model, c.n_heads)
+    if c.attention == "sink_logit":  # the 2025 answers that keep softmax (chapter 12, section 4b)
+        from .sink_variants import SinkLogitAttention
+        return SinkLogitAttention(c.d_model, c.n_heads)
+    if c.attention.startswith("gated"):  # Qiu et al.'s G1 elementwise, G1 head-wise, G2 (on the values)
+        from .sink_variants import GatedAttention
+        gate = {"gated": "elementwise", "gated_headwise": "headwise", "gated_value": "value"}[c.attention]
+        return GatedAttention(c.d_model, c.n_heads, gate=gate)
+    if c.attention == "attn_bias":  # Sun et al. 2024's explicit attention bias (chapter 12)
+        from .variant_claims import AttnBiasAttention
+        return AttnBiasAttention(c.d_model, c.n_heads, init_seed=layer)
     return DifferentialAttention(c.d_model, c.n_heads, layer=layer)
 
 

@@ -100,11 +100,26 @@ class GatedAttention(MultiHeadAttention):
     is multiplied by :math:`\sigma(x W_g)` before the output projection; ``gate_proj`` maps the layer's input
     (the same x the queries come from) to H x D gates. Adds ``d_model * H * D`` weights.
     ``forward(x, *, attn_mask=None, is_causal=False, return_weights=False)``: self-attention only; the weights
-    returned are the softmax map (before the gate), and ``self.last_gate`` keeps the gates (B, H, T, D)."""
+    returned are the softmax map (before the gate), and ``self.last_gate`` keeps the gates (B, H, T, D), or
+    (B, H, T, 1) head-wise.
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, bias: bool = False):
+    ``gate`` picks one of the positions and granularities of Qiu et al.'s Table 1 (their G1 and G2 rows):
+    ``"elementwise"`` (G1, the default and their best), ``"headwise"`` (G1 with one scalar gate per head and
+    query: ``gate_proj`` maps to H numbers) and ``"value"`` (G2: the elementwise gate multiplies the values,
+    after the value projection, instead of the attention output)."""
+
+    GATES = ("elementwise", "headwise", "value")
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, bias: bool = False,
+                 gate: str = "elementwise"):
         super().__init__(d_model, n_heads, n_kv_heads, bias=bias)
-        self.gate_proj = nn.Linear(d_model, d_model, bias=True)
+        if gate not in self.GATES:
+            raise ValueError(f"gate must be one of {self.GATES}, got {gate!r}")
+        if gate == "value" and self.n_kv_heads != n_heads:
+            raise ValueError(f"gate='value' gates each query head's values: needs n_kv_heads == n_heads, got "
+                             f"n_kv_heads={self.n_kv_heads}, n_heads={n_heads}")
+        self.gate = gate
+        self.gate_proj = nn.Linear(d_model, n_heads if gate == "headwise" else d_model, bias=True)
         self.last_gate: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
@@ -112,11 +127,15 @@ class GatedAttention(MultiHeadAttention):
         """x (B, T, d_model) -> (B, T, d_model) [, weights (B, H, T, T)]."""
         q, k, v = self.project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, T, D)
+        gate = torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], self.n_heads, -1).transpose(1, 2)  # (B,H,T,D|1)
+        self.last_gate = gate.detach()
+        if self.gate == "value":  # G2: gate the values (query-independent at the keys' positions)
+            v = v * gate  # (B, H, T, D)
         heads, weights = scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal,
                                                       return_weights=True)  # (B, H, T, D), (B, H, T, T)
-        gate = torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], self.n_heads, -1).transpose(1, 2)  # (B,H,T,D)
-        self.last_gate = gate.detach()
-        out = self.o_proj(merge_heads(heads * gate))  # (B, H, T, D) -> (B, T, d_model)
+        if self.gate != "value":  # G1: gate each head's output at the query's position
+            heads = heads * gate  # (B, H, T, D) * (B, H, T, D or 1)
+        out = self.o_proj(merge_heads(heads))  # (B, H, T, D) -> (B, T, d_model)
         return (out, weights) if return_weights else out
 
 
