@@ -114,9 +114,9 @@ def _decode_breaker_copy_then_gather(q, k, v, q_index, w_index, k_index, top_k):
 @exercise("14-indexer-decode", "indexer_decode", points=3, category="implement",
           forbid=("attncourse.learned_sparse.indexer_scores", "attncourse.learned_sparse.top_k_tokens",
                   "attncourse.learned_sparse.token_select_attention", "attncourse.learned_sparse.blocks_to_mask",
-                  "attncourse.sdpa.scaled_dot_product_attention", "torch.nn.functional.scaled_dot_product_attention",
-                  "attncourse.flash.flash_attention"),
-          allow=(), ops=("attention",), prop=_reads_top_k,
+                  "attncourse.sdpa.scaled_dot_product_attention", "attncourse.flash.flash_attention"),
+          allow=(), ops=(), prop=_reads_top_k,  # PyTorch's attention on the gathered rows is allowed: the skill is
+          # the selection and reading only its rows (the trace refuses attention over the whole cache, masked or not)
           shortcuts=(_decode_shortcut_package,),
           breakers=(_decode_breaker_dense_masked, _decode_breaker_copy_then_gather),
           prop_doc="the main keys and values are read at the top_k selected rows only (an indexing operator naming "
