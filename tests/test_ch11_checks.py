@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attncourse.classroom import checks
-from exercise_routes import refused as refused_by_both
+from exercise_routes import accepted, refused as refused_by_both
 from test_exercise_standard import as_learner
 
 
@@ -137,6 +137,29 @@ def test_slot_mapping_refuses_the_cache(tmp_path, monkeypatch):
             [p * page_size + o for p, o in (cache.slot(seq, t) for t in range(length, length + n_new))])
 
     refused("11-slot-mapping", cache_append, tmp_path, monkeypatch, because="called attncourse.paged_cache")
+
+
+def slot_mapping_in_place(block_table, length, n_new, page_size, free_pages, last_page_shared):
+    """The cold review's route 2b: the right page arithmetic on the caller's own lists (the task says copies)."""
+    table, free = block_table, free_pages
+    if last_page_shared and table and length % page_size:
+        table[-1] = free.pop()
+    slots = []
+    for t in range(length, length + n_new):
+        if t // page_size == len(table):
+            table.append(free.pop())
+        slots.append(table[t // page_size] * page_size + t % page_size)
+    return torch.tensor(table, dtype=torch.long), torch.tensor(slots, dtype=torch.long)
+
+
+def test_slot_mapping_refuses_an_answer_that_changes_its_arguments(tmp_path, monkeypatch):
+    message, graded = refused_by_both("11-slot-mapping", slot_mapping_in_place, tmp_path, monkeypatch)
+    assert "lists again" in message and "lists again" in graded, (message, graded)
+
+    def on_copies(block_table, length, n_new, page_size, free_pages, last_page_shared):  # the same, on copies
+        return slot_mapping_in_place(list(block_table), length, n_new, page_size, list(free_pages), last_page_shared)
+
+    accepted("11-slot-mapping", on_copies, tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- 3. merging ranks

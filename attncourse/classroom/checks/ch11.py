@@ -180,6 +180,12 @@ def _slot_mapping():
                   state(n_table, n_table * page, pick(1, 2 * page), page, True)))
     n_table = pick(1, 3)
     cases.append(("pages of 1 token", state(n_table, n_table, pick(2, 4), 1, False)))
+    # "Leave the arguments unchanged": cases 2 and 4 again, on the very same list objects (the grader's kernel
+    # loads them as one pickle, so it keeps them shared too). An answer that appended to the caller's block table or
+    # popped its free list in the first call meets a longer table and a shorter free list here, and answers wrongly.
+    for again in (1, 3):
+        name, args = cases[again]
+        cases.append((f"case {again + 1}'s lists again, as the first call left them (it must not change them)", args))
     return [Case(name, args, expected=_slot_reference(*args), compare="equal") for name, args in cases]
 
 
