@@ -133,7 +133,9 @@ _INSTALLED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_
 
 def _written_here(filename):
     """Code of the learner's (a cell, exec'd text, a file of theirs), not of Python or an installed package."""
-    return filename.startswith("<") or not os.path.realpath(filename).startswith(_INSTALLED)
+    if filename.startswith("<"):
+        return not filename.startswith("<frozen")  # a cell, exec'd text; not Python's own frozen modules
+    return not os.path.realpath(filename).startswith(_INSTALLED)
 
 
 class Cores:
