@@ -178,9 +178,12 @@ def test_decode_bug_fixed_passes_and_buggy_fails(tmp_path, monkeypatch):
     accepted("07-find-the-bug-1", fixed_decode("mha(x[:, t:t + 1] + PE[t], kv_cache=cache)"), tmp_path, monkeypatch)
     accepted("07-find-the-bug-1", fixed_decode("mha(x[:, t:t + 1] + PE[cache.seen], kv_cache=cache)"), tmp_path,
              monkeypatch)  # the cache's own count of tokens seen: also right
-    # the helper redefined right and the loop untouched: a fix of the given code too
+    # the helper redefined right and decode_fixed byte-identical to the given decode (review 11): the fix is in
+    # code the edit judge does not read, so it is refused, as ch08's "calls no code written elsewhere"
     step = lambda mha, x_new, cache: mha(x_new + sinusoidal_positions(512, 16)[cache.seen], kv_cache=cache)  # noqa
-    accepted("07-find-the-bug-1", fixed_decode("decode_step(mha, x[:, t:t + 1], cache)", step), tmp_path, monkeypatch)
+    msg, graded = refused("07-find-the-bug-1", fixed_decode("decode_step(mha, x[:, t:t + 1], cache)", step), tmp_path,
+                          monkeypatch)
+    assert "written elsewhere" in msg and "written elsewhere" in graded
     checks.check("07-decode-bug", fixed_decode("mha(x[:, t:t + 1] + PE[t], kv_cache=cache)"))  # the earlier id
     msg, _ = refused("07-find-the-bug-1", lambda s, x, n, w: decode(s, x, n, w, fixed=True), tmp_path, monkeypatch)
     assert "not the way" in msg  # right values written afresh: not an edit of the given decode

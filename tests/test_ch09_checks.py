@@ -310,6 +310,23 @@ def test_window_bug_right_answer_and_old_id(tmp_path, monkeypatch):
     assert torch.isnan(buggy(q, k, v, 8, 8, 8)).any()
 
 
+def test_window_bug_finite_mask_value_accepted(tmp_path, monkeypatch):
+    """The finite-mask fix (review 11): -1e30 on the masking line. A fully masked first tile then gives a finite
+    max and finite garbage in (l, acc), which alpha = exp(-1e30 - m) = 0 wipes at the row's first visible key;
+    right on every case, fully masked tiles included, so the line it changes is a place for a fix."""
+    from attncourse.classroom.checks.ch09 import BUGGY_WINDOW
+    from test_edits import cell_function
+
+    line = "(cols <= rows - window), -math.inf)"
+    assert BUGGY_WINDOW.count(line) == 1
+    source = BUGGY_WINDOW.replace("_buggy(", "_fixed(").replace(line, "(cols <= rows - window), -1e30)")
+    fixed = cell_function(source, "windowed_attention_fixed", {"torch": torch, "math": math})
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    assert torch.isnan(buggy(q, k, v, 8, 8, 8)).any()  # these sizes have fully masked first tiles
+    torch.testing.assert_close(fixed(q, k, v, 8, 8, 8), windowed(q, k, v, 8, 8, 8))
+    accepted("09-find-the-bug-1", fixed, tmp_path, monkeypatch)
+
+
 def test_window_bug_other_block_sizes_refused(tmp_path, monkeypatch):
     for route in (one_query_per_block, one_key_per_tile):
         case = checks.get("09-find-the-bug-1").make_cases()[1]

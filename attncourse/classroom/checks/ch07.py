@@ -212,13 +212,26 @@ def _bounded_cache(runs) -> str | None:
     return None
 
 
+def _calls_no_helper(runs) -> str | None:
+    """The answer's own text holds the fix: it calls no function defined in the notebook. Without this, the given
+    decode left unchanged and the helper it calls redefined elsewhere would pass with 0 tokens edited (review 11),
+    the edit judge never seeing the fix."""
+    trace = runs[0].trace if runs else None
+    source = trace.get("source") if isinstance(trace, dict) else None
+    if isinstance(source, str) and "decode_step" in {t for t, _ in edits.tokens(source)}:
+        return ("`decode_fixed` calls decode_step, a function written elsewhere in the notebook: the check judges "
+                "decode_fixed's own text, so it must call no code written elsewhere; put the step's line in the "
+                "loop, as a small edit of the given decode")
+    return None
+
+
 def _decode_props(runs) -> str | None:
-    return _one_token_per_step(runs) or _bounded_cache(runs)
+    return _one_token_per_step(runs) or _bounded_cache(runs) or _calls_no_helper(runs)
 
 
 # The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two). Its mistake is
-# in the one-line helper it calls; the fix in decode_fixed is the loop line (or decode_step redefined, with no
-# edit here at all): the trace properties above still judge what then runs.
+# in the one-line helper it calls; the fix in decode_fixed is the loop line, the helper's line written there (a
+# redefined decode_step is refused: the fix would be in code the edit judge does not read).
 BUGGY_DECODE = '''\
 def decode_buggy(state, x, n_sink, window):
     B, T, d = x.shape
