@@ -74,7 +74,9 @@ class MultiHeadLatentAttention(nn.Module):
 
     ``absorbed=True`` never expands keys or values: ``q_nope_h . (c_kv W_UK_h) = (q_nope_h W_UK_h^T) . c_kv``, so
     queries are mapped into the latent space and attend over c_kv directly; the weighted sum of c_kv is expanded by
-    W_UV_h afterwards (it could be folded into W_O). Equal to the naive form up to rounding.
+    W_UV_h afterwards (it could be folded into W_O). The heads are folded into the query axis, so the H*T query rows
+    of a sequence read its one latent (and one RoPE key), never a per-head copy of them, at any batch size (the
+    grouped trick of lesson 05 with one KV head). Equal to the naive form up to rounding.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, kv_rank: int, head_dim: int, rope_dim: int,
@@ -120,12 +122,15 @@ class MultiHeadLatentAttention(nn.Module):
         if kv_cache is not None:
             c_kv, k_rope = kv_cache.update(c_kv, k_rope)  # (B, S, r), (B, S, dr)
         s = c_kv.shape[1]
-        rope_scores = q_rope @ k_rope[:, None].transpose(-2, -1)  # (B, H, T, dr) @ (B, 1, dr, S) -> (B, H, T, S)
+        # Heads folded into the query axis: the H*T query rows of a batch element meet its one k_rope (no per-head
+        # copy of the cache, which a broadcasting (B, H, T, .) @ (B, 1, ., S) matmul makes when B > 1).
+        rope_scores = (q_rope.reshape(b, h * t, dr) @ k_rope.transpose(1, 2)).view(b, h, t, s)  # (B, H, T, S)
         w_uk = self.k_up.weight.view(h, dn, self.kv_rank)  # (H, dn, r)
         w_uv = self.v_up.weight.view(h, dn, self.kv_rank)  # (H, dn, r)
-        if absorbed:
-            q_lat = q_nope @ w_uk  # (B, H, T, dn) @ (H, dn, r) -> (B, H, T, r): W_UK folded into the query
-            nope_scores = q_lat @ c_kv[:, None].transpose(-2, -1)  # (B, H, T, r) @ (B, 1, r, S) -> (B, H, T, S)
+        if absorbed:  # per head (H, B*T, .) @ (H, ., .) for the weights, heads folded into queries for the cache
+            q_lat = q_nope.transpose(0, 1).reshape(h, b * t, dn) @ w_uk  # (H, B*T, r): W_UK folded into the query
+            q_lat = q_lat.view(h, b, t, self.kv_rank).transpose(0, 1).reshape(b, h * t, self.kv_rank)  # (B, H*T, r)
+            nope_scores = (q_lat @ c_kv.transpose(1, 2)).view(b, h, t, s)  # (B, H*T, r) @ (B, r, S) -> (B, H, T, S)
         else:
             k_nope = (c_kv @ self.k_up.weight.T).view(b, s, h, dn).transpose(1, 2)  # (B, S, H*dn) -> (B, H, S, dn)
             nope_scores = q_nope @ k_nope.transpose(-2, -1)  # (B, H, T, S)
@@ -135,8 +140,9 @@ class MultiHeadLatentAttention(nn.Module):
             scores = scores.masked_fill(~keep, float("-inf"))
         weights = safe_softmax(scores.float()).to(x.dtype)  # (B, H, T, S)
         if absorbed:
-            ctx = weights @ c_kv[:, None]  # (B, H, T, S) @ (B, 1, S, r) -> (B, H, T, r): mix latents first
-            out = ctx @ w_uv.transpose(-2, -1)  # (B, H, T, r) @ (H, r, dn) -> (B, H, T, dn): W_UV applied after
+            ctx = weights.reshape(b, h * t, s) @ c_kv  # (B, H*T, S) @ (B, S, r) -> (B, H*T, r): mix latents first
+            ctx = ctx.view(b, h, t, self.kv_rank).transpose(0, 1).reshape(h, b * t, self.kv_rank)  # (H, B*T, r)
+            out = (ctx @ w_uv.transpose(-2, -1)).view(h, b, t, dn).transpose(0, 1)  # (B, H, T, dn): W_UV after
         else:
             v = (c_kv @ self.v_up.weight.T).view(b, s, h, dn).transpose(1, 2)  # (B, H, S, dn)
             out = weights @ v  # (B, H, T, dn)

@@ -186,8 +186,16 @@ mqa_fixed = _edit_mqa(("view(B, T, n_heads, D)", "view(B, T, n_heads, D).transpo
                       ("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape"), ("w_o.T, weights", "w_o.T"))
 
 
+# the same diagnosis spelled with einsum: the scores and the mix contract over the T keys, the weights not returned
+mqa_fixed_einsum = _edit_mqa(
+    ("q @ k.transpose(-2, -1) / math.sqrt(D)", "torch.einsum('bthd,bsd->bhts', q, k[:, :, 0]) / math.sqrt(D)"),
+    ("(weights @ v).reshape(B, T, d)", "torch.einsum('bhts,bsd->bthd', weights, v[:, :, 0]).reshape(B, T, d)"),
+    ("w_o.T, weights", "w_o.T"))
+
+
 def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("05-find-the-bug-1", mqa_fixed)
+    checks.check("05-find-the-bug-1", mqa_fixed_einsum)  # a right fix in einsum's spelling is not refused
     checks.check("05-mqa-axis-bug", mqa_fixed)  # the earlier id still grades
     assert graded("05-mqa-axis-bug", mqa_fixed, tmp_path, monkeypatch) == "passed"
     refused("05-find-the-bug-1", mqa_buggy, tmp_path, monkeypatch, called=False)

@@ -122,3 +122,40 @@ def test_absorbed_mla_is_mqa_over_a_shared_latent_key():
     assert abs(c3["flops_per_byte"] - 128 * 1088 / 576) < 1e-9
     with pytest.raises(ValueError, match="kv_rank"):
         mla_decode_attention_cost(128, 0, 64, 4096)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_absorbed_decode_reads_one_latent_per_sequence_at_any_batch(batch):
+    """One absorbed decode step: no ATen op output holds a per-head copy of the cache (the heads are folded into the
+    query axis), at batch 1 and 2; the step equals the expanded form (float64)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor):
+                    self.ops.append((func.overloadpacket.__name__, tuple(o.shape), o.numel()))
+            return out
+
+    torch.manual_seed(0)
+    h, r, dr, s = 8, 16, 4, 64
+    m = MultiHeadLatentAttention(32, h, kv_rank=r, head_dim=4, rope_dim=dr).double()
+    x = torch.randn(batch, s, 32, dtype=torch.float64)
+    outs = {}
+    for absorbed in (False, True):
+        cache = MLACache()
+        m(x[:, :s - 1], is_causal=True, kv_cache=cache, absorbed=absorbed)
+        with Largest() as log:
+            outs[absorbed] = m(x[:, s - 1:], is_causal=True, kv_cache=cache, absorbed=absorbed)
+        if absorbed:
+            per_sequence = s * (r + dr)  # one latent and one RoPE key
+            biggest = max(log.ops, key=lambda op: op[2])
+            assert biggest[2] <= 2 * batch * per_sequence, biggest  # a per-head copy would be h * batch * s * r
+        else:  # the expanded form does expand per head: the probe sees it
+            assert max(op[2] for op in log.ops) >= batch * h * s * 4
+    torch.testing.assert_close(outs[True], outs[False])

@@ -26,7 +26,8 @@ def mqa_buggy(x, w_q, w_k, w_v, w_o, n_heads):
 # Its lines 2 and 3 (the sizes) are right; the layout can be fixed on any of the others.
 FIX_MQA = edits.SmallEdit(BUGGY_MQA, most=36, lines=(4, 5, 6, 7, 8, 9, 10),
                           names=("permute", "swapaxes", "swapdims", "movedim", "unflatten", "flatten", "mT",
-                                 "contiguous", "unsqueeze", "squeeze", "expand"))
+                                 "contiguous", "unsqueeze", "squeeze", "expand", "einsum"))  # einsum: the
+# same fix spelled as two contractions over the right axes, `einsum('bthd,bsd->bhts', q, k[:, :, 0])` and back
 
 
 def _breaker_rewrite_mqa(x, w_q, w_k, w_v, w_o, n_heads):
