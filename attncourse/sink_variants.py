@@ -36,6 +36,19 @@ __all__ = ["sink_softmax_attention", "SinkLogitAttention", "GatedAttention", "Si
 VARIANTS = ("softmax", "sink_logit", "gated", "sigmoid", "differential")
 
 
+def masked_scores(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask: torch.Tensor | None,
+                  is_causal: bool) -> torch.Tensor:
+    """Scaled scores (B, H, Tq, Tk) with the causal mask and `attn_mask` (bool: True keeps; float: added)."""
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B,H,Tq,D) @ (B,H,D,Tk) -> (B,H,Tq,Tk)
+    if is_causal:
+        keep = torch.ones(*scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()  # (Tq, Tk)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask.to(scores.dtype)
+    return scores
+
+
 def sink_softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sink_logits: torch.Tensor,
                            attn_mask: torch.Tensor | None = None, *, is_causal: bool = False,
                            scale: float | None = None, return_weights: bool = False
@@ -62,14 +75,7 @@ def sink_softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
         raise ValueError(f"sink_logits must be (H,) = ({query.shape[1]},), got {tuple(sink_logits.shape)}")
     work = compute_dtype(query.dtype)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
-    scores = (query.to(work) @ key.to(work).transpose(-2, -1)) * scale  # (B,H,Tq,D) @ (B,H,D,Tk) -> (B,H,Tq,Tk)
-    t_q, t_k = scores.shape[-2:]
-    if is_causal:
-        keep = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril()  # (Tq, Tk)
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else scores + attn_mask.to(work)
+    scores = masked_scores(query.to(work), key.to(work), scale, attn_mask, is_causal)  # (B, H, Tq, Tk)
     sink = sink_logits.to(work).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, Tq, 1)
     weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, Tq, Tk): sink dropped
     out = (weights @ value.to(work)).to(value.dtype)  # (B,H,Tq,Tk) @ (B,H,Tk,Dv) -> (B,H,Tq,Dv)

@@ -27,6 +27,7 @@ from torch import nn
 from . import _validate
 from .mha import MultiHeadAttention, merge_heads, repeat_kv
 from .sdpa import compute_dtype
+from .sink_variants import masked_scores
 
 __all__ = ["attn_bias_attention", "AttnBiasAttention", "with_attn_bias", "train_induction", "evicted_losses",
            "read_run"]
@@ -60,14 +61,7 @@ def attn_bias_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     work = compute_dtype(query.dtype)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     q = query.to(work)
-    scores = (q @ key.to(work).transpose(-2, -1)) * scale  # (B,H,Tq,D) @ (B,H,D,Tk) -> (B,H,Tq,Tk)
-    t_q, t_k = scores.shape[-2:]
-    if is_causal:
-        keep = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril()  # (Tq, Tk)
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else scores + attn_mask.to(work)
+    scores = masked_scores(q, key.to(work), scale, attn_mask, is_causal)  # (B, H, Tq, Tk)
     bias_score = (q @ k_bias.to(work)[None, :, :, None]) * scale  # (B,H,Tq,D) @ (1,H,D,1) -> (B,H,Tq,1)
     weights = torch.softmax(torch.cat([bias_score, scores], dim=-1), dim=-1)  # (B, H, Tq, 1 + Tk)
     out = weights[..., :1] * v_bias.to(work)[None, :, None, :] + weights[..., 1:] @ value.to(work)  # (B,H,Tq,Dv)
