@@ -20,3 +20,8 @@ os.environ.setdefault("ATTNCOURSE_AUTOTUNE", "quick")
 # grader kernel or unit test would otherwise start a thread per core too, so two workers on a 2-core CI machine
 # would run four busy threads. Lessons that time something set their own thread count. Kernels inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A prediction check stops judging an exercise after three different wrong answers, counted in a file under the
+# learner's home (attncourse.classroom.checks.tries). The tests hand checks many wrong answers on purpose, so they
+# run without the limit; tests/test_tries.py turns it on where it tests it.
+os.environ.setdefault("ATTNCOURSE_PREDICTION_TRIES", "unlimited")

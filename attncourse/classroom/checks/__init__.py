@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import forbidden, limits
+from . import forbidden, limits, tries
 from .notes import STUB_LINE, WIDTH, install_notes, quiet_note, wrap  # noqa: F401
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
@@ -370,6 +370,9 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         answer = caller[ex.target]
     if ex.kind == "function" and not callable(answer):
         raise CheckFailed(f"✗ {ex.id}: `{ex.target}` should be a function, got {_describe(answer)}")
+    spent = tries.exhausted(ex.id) if ex.category == "predict" else None
+    if spent:  # a prediction's tries are used up: judging more answers would make it a search (see .tries)
+        raise CheckFailed(spent)
     cases = ex.make_cases()
     runs = []
     for case in cases:
@@ -389,7 +392,10 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
             raise _failure(ex, case, f"your code raised {type(err).__name__}: {err}") from err
         detail = feedback(ex, got, case)
         if detail:
-            raise _failure(ex, case, detail, diagnose(ex, got, case)) from None
+            failure = _failure(ex, case, detail, diagnose(ex, got, case))
+            if ex.category == "predict" and not tries.is_form_error(detail):
+                failure = CheckFailed(f"{failure}\n  {tries.record(ex.id, tries.fingerprint(case.name, got))}".rstrip())
+            raise failure from None
     detail = judge_property(ex, runs)
     if detail:
         raise CheckFailed("\n".join([f"✗ {ex.id}: every case gives the right result, but not the way this exercise "
