@@ -99,6 +99,8 @@ def expected_failure(record: dict) -> bool:
 
 
 def run_tests(out: Path) -> dict:
+    if not isinstance(out, Path):
+        raise TypeError(f"out must be a pathlib.Path, got {type(out).__name__}")
     try:
         import pytest  # noqa: F401
     except ImportError:
@@ -114,6 +116,8 @@ def run_tests(out: Path) -> dict:
 
 
 def run_bench(out: Path, quick: bool) -> dict:
+    if not isinstance(out, Path):
+        raise TypeError(f"out must be a pathlib.Path, got {type(out).__name__}")
     import torch
 
     if not torch.cuda.is_available():

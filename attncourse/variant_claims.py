@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _validate
+from ._procs import forked_map as _pool
 from .mha import MultiHeadAttention, merge_heads, repeat_kv
 from .sdpa import compute_dtype
 from .sink_variants import masked_scores
@@ -256,24 +257,31 @@ def run_all(path: str = "notebooks/results/ch12_claims_full.json", processes: in
     ``part=(k, n)`` runs only ``jobs()[k::n]`` (separate processes on a shared machine; :func:`merge` joins the
     files)."""
     import json
-    import multiprocessing
     from pathlib import Path
 
+    _check_run_args(path, processes)
+    if not (isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
+            and part[1] > 0 and 0 <= part[0] < part[1]):
+        raise ValueError(f"part must be a tuple (k, n) of ints with 0 <= k < n, got {part!r}")
     todo = jobs()[part[0]::part[1]]
     store: dict[str, Any] = {"made_by": "python -m attncourse.variant_claims", "recipe": RECIPE, "runs": {}}
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    pool = ctx.Pool(processes) if ctx is not None and processes > 1 else None
-    try:
-        results = pool.imap(_job, todo, chunksize=1) if pool is not None else map(_job, todo)
-        for name, seed, kw, out, state in results:  # written after every run: a partial file is still usable
+    with _pool(processes) as pool:
+        for name, seed, kw, out, state in pool(_job, todo):  # written after every run: a partial file is usable
             store["runs"].setdefault(name, {"kwargs": kw, "seeds": {}})["seeds"][str(seed)] = out
             if state is not None:
                 torch.save(state, Path(path).with_name("ch12_attn_bias_seed0.pt"))
             Path(path).write_text(json.dumps(store, indent=1))
-    finally:
-        if pool is not None:
-            pool.close()
     return store
+
+
+def _check_run_args(path: object, processes: object) -> None:
+    """The stored runs' arguments, checked before any process starts."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes!r}")
 
 
 # ----------------------------------------------------------------------------- lesson 12's tiny GPTs (section 2)
@@ -344,21 +352,18 @@ def run_gpts(path: str = "notebooks/results/ch12_attn_bias_gpt_full.json", proce
     """Train lesson 12's three tiny GPTs with the attention bias (about 5 minutes of CPU) and store
     :func:`read_gpt` per seed; seed 0's weights go to ``ch12_attn_bias_gpt_seed0.pt`` next to it."""
     import json
-    import multiprocessing
     from pathlib import Path
 
+    _check_run_args(path, processes)
+    if not (isinstance(seeds, (tuple, list)) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise TypeError(f"seeds must be a non-empty tuple of ints, got {seeds!r}")
     store: dict[str, Any] = {"made_by": "python -m attncourse.variant_claims gpt", "recipe": GPT_RECIPE, "seeds": {}}
-    pool = multiprocessing.get_context("fork").Pool(processes) \
-        if "fork" in multiprocessing.get_all_start_methods() and processes > 1 else None
-    try:
-        for seed, read, losses, state in (pool.imap(_gpt_job, seeds) if pool is not None else map(_gpt_job, seeds)):
+    with _pool(processes) as pool:
+        for seed, read, losses, state in pool(_gpt_job, seeds):
             store["seeds"][str(seed)] = dict(read, losses=losses)
             if state is not None:
                 torch.save(state, Path(path).with_name("ch12_attn_bias_gpt_seed0.pt"))
             Path(path).write_text(json.dumps(store, indent=1))
-    finally:
-        if pool is not None:
-            pool.close()
     return store
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import inspect
 import io
 import keyword
 import math
@@ -848,6 +849,24 @@ SYSTEM_MODULES = ("attncourse.classroom.nbtools", "attncourse.classroom.release"
                   "attncourse.ring.run_distributed", "attncourse.seq2seq")
 
 
+_PROCESS_WORDS = ("subprocess", "multiprocessing", "ProcessPoolExecutor", "forked_map", "mp.spawn")
+
+
+@functools.lru_cache(maxsize=None)
+def _module_starts_processes(module: str) -> bool:
+    source = inspect.getsource(sys.modules[module]) if module in sys.modules else ""
+    return any(word in source for word in _PROCESS_WORDS)
+
+
+def _starts_processes(obj) -> bool:
+    """Whether a library callable lives in a module that starts processes (a FULL=1 script's pool, a subprocess):
+    run with an exercise's arguments it could fork workers the guard refuses inside, or run a test suite, so the
+    corpus checks the guard's decision on entering it instead (lesson 12's `variant_claims.run_all` forked a pool
+    whose workers died refused and left the test waiting: CI's timeout of 2026-11-29)."""
+    module = getattr(obj, "__module__", None) or ""
+    return module.startswith("attncourse") and _module_starts_processes(module)
+
+
 def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int]:
     """Every library callable (and every spelling of the operators the exercise forbids) handed in as the
     answer: none may pass; every one the answer enters that the exercise does not allow is refused as a call."""
@@ -868,7 +887,8 @@ def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int
             if codes and all(decide._kind(c) == "library" for c in codes):
                 tried += 1
                 continue
-        if name.startswith(SYSTEM_MODULES):  # tooling that starts kernels, writes files, benchmarks: the guard's
+        if name.startswith(SYSTEM_MODULES) or _starts_processes(obj):  # tooling that starts kernels or processes,
+            # writes files, benchmarks: the guard's
             codes = checks.forbidden._codes_of(obj, "attncourse")  # decision on entering it, without running it
             tried += 1
             if obj not in allowed and any(decide._kind(c) != "library" for c in codes):
