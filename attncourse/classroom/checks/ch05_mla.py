@@ -194,7 +194,7 @@ def _breaker_values_expanded(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
     b, h, dn = q_nope.shape
     s, r = c_kv.shape[1:]
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
-    scores = q_lat @ c_kv.transpose(1, 2) + q_rope @ k_rope.transpose(1, 2)  # (B, H, S)
+    scores = q_lat @ c_kv.mT + q_rope @ k_rope.transpose(1, 2)  # (B, H, S)
     w = torch.softmax(scores / math.sqrt(dn + q_rope.shape[-1]), -1)
     v = (c_kv @ w_uv.reshape(h * dn, r).T).view(b, s, h, dn).transpose(1, 2)  # (B, H, S, dn)
     return (w[:, :, None] @ v)[:, :, 0]
@@ -202,7 +202,7 @@ def _breaker_values_expanded(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
 
 def _breaker_broadcast(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
     """Absorbed, with (B, H, 1, .) @ (B, 1, ., S): the matmul broadcasts the cache over the heads (a copy at B > 1)."""
-    dn, dr = q_nope.shape[-1], q_rope.shape[-1]
+    dn, dr = q_nope.size(-1), q_rope.size(-1)
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)[:, :, None]  # (B, H, 1, r)
     scores = q_lat @ c_kv[:, None].transpose(-2, -1) + q_rope[:, :, None] @ k_rope[:, None].transpose(-2, -1)
     ctx = (torch.softmax(scores / math.sqrt(dn + dr), -1) @ c_kv[:, None])[:, :, 0]  # (B, H, r)
@@ -211,7 +211,7 @@ def _breaker_broadcast(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
 
 def _breaker_head_loop(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
     """Absorbed, one head at a time: no copy, but the cache is read once per head."""
-    dn, dr = q_nope.shape[-1], q_rope.shape[-1]
+    dn, dr = q_nope.size(-1), q_rope.size(-1)
     outs = []
     for hh in range(q_nope.shape[1]):
         q_lat = q_nope[:, hh] @ w_uk[hh]  # (B, r)
@@ -227,13 +227,13 @@ def _breaker_rope_per_head(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
     dr, s = q_rope.shape[-1], c_kv.shape[1]
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
     k_rep = k_rope[:, None].expand(b, h, s, dr).contiguous()  # (B, H, S, dr)
-    scores = q_lat @ c_kv.transpose(1, 2) + (q_rope[:, :, None] @ k_rep.transpose(-2, -1))[:, :, 0]
+    scores = q_lat @ c_kv.mT + (q_rope[:, :, None] @ k_rep.transpose(-2, -1))[:, :, 0]
     return torch.einsum("bhr,hdr->bhd", torch.softmax(scores / math.sqrt(dn + dr), -1) @ c_kv, w_uv)
 
 
 def _breaker_products(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
     """No matmul over the cache: products broadcast over (B, H, S, r), then summed."""
-    dn, dr = q_nope.shape[-1], q_rope.shape[-1]
+    dn, dr = q_nope.size(-1), q_rope.size(-1)
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
     scores = (q_lat[:, :, None] * c_kv[:, None]).sum(-1) + (q_rope[:, :, None] * k_rope[:, None]).sum(-1)
     ctx = (torch.softmax(scores / math.sqrt(dn + dr), -1)[..., None] * c_kv[:, None]).sum(2)  # (B, H, r)
