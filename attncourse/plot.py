@@ -241,7 +241,8 @@ def encoder_decoder_diagram(weights: Sequence[float] = (0.05, 0.1, 0.15, 0.7), s
         else:
             ax.set_title(r"Without attention: the whole input reaches the decoder through $s_0$ alone", fontsize=11)
     fig.suptitle("Encoder-decoder: encoder annotations $h_j$ (blue, bidirectional GRU), decoder states $s_t$ "
-                 "(orange), context $c_t$ (green), attention weights (red)")
+                 "(orange), context $c_t$ (green), attention weights (vermillion)\nthe arrow into $s_0$ carries both "
+                 f"ends of the encoder: the forward GRU's state at $h_{{{s}}}$ and the backward GRU's at $h_1$")
     fig.tight_layout()
     return fig
 

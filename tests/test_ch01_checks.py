@@ -378,3 +378,31 @@ def test_predict_shapes_is_a_rule(tmp_path, monkeypatch):
                            wrong=(_shapes_one_direction, _shapes_weights_transposed, _shapes_read_off_the_lesson))
     with pytest.raises(checks.CheckFailed, match="tuple of four shapes"):  # the form is still explained
         checks.check("01-predict-shapes", lambda *args: ((8, 13, 64), (8, 13, 13)))
+
+
+def test_padding_mask_is_one_batched_softmax(tmp_path, monkeypatch):
+    """Review 12's routes: one softmax per row over its real scores (no mask at all) and a nested (ragged) tensor's
+    softmax gave the right weights and passed. The check now asks for one masked softmax over the whole batch."""
+    def row_loop(scores, lengths):
+        out = torch.zeros_like(scores)
+        for b in range(scores.shape[0]):
+            n = int(lengths[b])
+            if n > 0:
+                out[b, :n] = torch.softmax(scores[b, :n], dim=-1)
+        return out
+
+    def nested(scores, lengths):
+        rows = [scores[b, :int(lengths[b])] for b in range(scores.shape[0])]
+        return torch.nested.to_padded_tensor(torch.softmax(torch.nested.nested_tensor(rows), -1), 0.0, scores.shape)
+
+    def by_hand(scores, lengths):  # the skill written out: mask, shift by the row max, exponentiate, normalise
+        keep = torch.arange(scores.shape[1]) < lengths[:, None]
+        x = scores.masked_fill(~keep, float("-inf"))
+        top = x.amax(-1, keepdim=True)
+        e = torch.exp(x - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+        total = e.sum(-1, keepdim=True)
+        return torch.where(total > 0, e / total.clamp_min(1e-300), torch.zeros_like(e))
+
+    refused("01-padding-mask", row_loop, tmp_path, monkeypatch, why="Python loop")
+    refused("01-padding-mask", nested, tmp_path, monkeypatch)
+    accepted("01-padding-mask", by_hand, tmp_path, monkeypatch)

@@ -232,9 +232,21 @@ def test_init_width_prediction_is_a_rule(tmp_path, monkeypatch):
     def measured(dq, dk, sq, sk):  # building the modules and measuring inside the prediction: refused
         return init_width_ratio_reference(torch.randn(64, dq) * sq, torch.randn(64, 9, dk) * sk, 32, 0)
 
-    from attncourse.classroom.checks.ch02 import init_width_ratio_reference, width_ratio_closed_form
+    def pasted(dq, dk, sq, sk):  # the checker's reference, its lines pasted into the answer cell
+        mean_square = {}
+        for score in ("additive", "concat"):
+            rows = torch.cat([initial_weights(score, seed, dq, dk, 1024) for seed in range(4)])
+            w_s, w_h = rows[:, :dq], rows[:, dq:]
+            mean_square[score] = float(sq**2 * w_s.square().sum(1).mean() + sk**2 * w_h.square().sum(1).mean())
+        return (mean_square["additive"] / mean_square["concat"]) ** 0.5
+
+    from attncourse.classroom.checks import ch02
+    from attncourse.classroom.checks.ch02 import init_width_ratio_reference, initial_weights, width_ratio_measured
     accepted("02-init-width-predict", rule, tmp_path, monkeypatch)
     refused("02-init-width-predict", measured, tmp_path, monkeypatch)
-    refused("02-init-width-predict", lambda *args: width_ratio_closed_form(*args), tmp_path, monkeypatch)
+    refused("02-init-width-predict", lambda *args: width_ratio_measured(*args), tmp_path, monkeypatch)
+    refused("02-init-width-predict", pasted, tmp_path, monkeypatch)
+    # review 12: the checker held the answer as a two-line closed form a learner could paste; it now measures
+    assert not hasattr(ch02, "width_ratio_closed_form")
     cell, _ = _verdicts("02-init-width-predict", lambda *args: 2 ** 0.5, tmp_path, monkeypatch)  # the equal-size value
     assert cell is not None and "not right" in cell and "1.41" not in cell.split("hint")[0]

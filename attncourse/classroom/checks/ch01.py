@@ -230,16 +230,60 @@ def _shortcut_fused(scores, lengths):
         attn_mask=scores.masked_fill(~mask, float("-inf"))[:, None]).squeeze(1)
 
 
+def _breaker_row_loop(scores, lengths):
+    """One softmax per sequence over its real scores, no mask at all: right weights, not a batched masked softmax."""
+    out = torch.zeros_like(scores)
+    for b in range(scores.shape[0]):
+        n = int(lengths[b])
+        if n > 0:
+            out[b, :n] = torch.softmax(scores[b, :n], dim=-1)
+    return out
+
+
+def _breaker_length_loop(scores, lengths):
+    """One softmax per distinct length (the rows sharing it, sliced to it): fewer pieces than rows, still a loop."""
+    out = torch.zeros_like(scores)
+    for n in sorted(set(int(n) for n in lengths)):
+        if n > 0:
+            rows = lengths == n
+            out[rows, :n] = torch.softmax(scores[rows, :n], dim=-1)
+    return out
+
+
+# nested (ragged) tensors do the ragged part for the learner (tests/test_ch01_checks.py tries the route: the guard
+# refuses it before the trace, which cannot record a nested tensor's sizes, would fail on it)
+NESTED_OPS = ("aten::_nested_tensor_from_tensor_list", "aten::_nested_view_from_jagged", "aten::_nested_from_padded",
+              "aten::_nested_from_padded_and_nested_example", "aten::_nested_tensor_from_mask",
+              "aten::_nested_view_from_buffer", "aten::to_padded_tensor", "aten::_jagged_to_padded_dense_forward",
+              "aten::_padded_dense_to_jagged_forward")
+
+
+def _one_masked_softmax(runs) -> str | None:
+    """One softmax over the whole (B, T) score matrix: the operator count may not grow with the batch, the number of
+    distinct lengths or the number of positions (the cases run from 2 x 4 to 16 x 12)."""
+    counted = sorted((arithmetic(r.trace), tuple(r.case.args[0].shape)) for r in runs)
+    (low, small), (high, large) = counted[0], counted[-1]
+    if high > low + 4:
+        return (f"your code runs {low} arithmetic operations for {small[0]} x {small[1]} scores but {high} for "
+                f"{large[0]} x {large[1]}: the rows are handled in pieces (a Python loop over sequences, lengths or "
+                "positions). Mask the padded scores of every row at once and take one softmax over the whole batch")
+    return None
+
+
 @exercise("01-padding-mask", "masked_softmax", points=2, category="implement",
           forbid=("attncourse.sdpa.safe_softmax", "attncourse.rnn_attention.attend",
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
                   "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
                          "aten::_sparse_log_softmax",  # and torch.masked's softmax family, judged by name:
-                         "aten::masked_log_softmax", "aten::masked_softmin"),
+                         "aten::masked_log_softmax", "aten::masked_softmin", *NESTED_OPS),
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
                      _shortcut_masked_api, _shortcut_sparse, _shortcut_fused),
-          prop_doc="output equality is the property: exact zeros past each length and on empty rows, a distribution "
+          prop=_one_masked_softmax, breakers=(_breaker_row_loop, _breaker_length_loop),
+          prop_doc="a batched masked softmax (the operator count does not grow with the batch, the number of "
+                   "distinct lengths or the positions: a loop taking one softmax per row's real scores, which needs no "
+                   "mask, is refused; so are nested (ragged) tensors, which do the ragged part for you), and output "
+                   "equality: exact zeros past each length and on empty rows, a distribution "
                    "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
                    "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
                    "allowed, the masking and the empty row are the skill. A finite fill far below every score "
@@ -262,6 +306,7 @@ def _masked_softmax():
                                                                                              [-5000.0, 0.0]),
         # -1e9 (the fill chapter 03 calls a silent bug) is only "very negative" next to scores above it
         "the second row's real scores all near -3e9 (a fill of -1e9 is above them)": (2, 5, [4, 3], [0.0, -3e9]),
+        "a batch of 16 with lengths 0 to 12": (16, 12, [12, 0, 7, 3, 12, 1, 9, 5, 11, 2, 8, 4, 10, 6, 12, 3], 0.0),
     }.items():
         scores = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3 + torch.tensor(shift)[..., None]
         lengths_t = torch.tensor(lengths)

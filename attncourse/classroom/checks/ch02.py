@@ -280,19 +280,25 @@ def init_width_ratio_reference(queries, keys, hidden_size, seed):
     return rms["additive"] / rms["concat"]
 
 
-def width_ratio_closed_form(query_size: int, key_size: int, query_spread: float, key_spread: float) -> float:
-    """Additive's tanh-input RMS over concat's at PyTorch's default initialisation (weights uniform in
-    +-1/sqrt(fan-in), variance 1/(3 fan-in)), for independent zero-mean inputs of these spreads: additive's variance
-    (sq^2 + sk^2)/3, concat's (Dq sq^2 + Dk sk^2)/(3 (Dq + Dk)). The experiment's cases check it within 12%."""
-    var_q, var_k = query_spread * query_spread, key_spread * key_spread  # the inputs' variances
-    return ((var_q + var_k) * (query_size + key_size) / (query_size * var_q + key_size * var_k)) ** 0.5
+def width_ratio_measured(query_size: int, key_size: int, query_spread: float, key_spread: float) -> float:
+    """Additive's tanh-input RMS over concat's, measured on freshly initialised modules (4 seeds of each, 1024
+    hidden units, so the estimate is within about 0.5% of its expectation): the tanh input's mean square, averaged
+    over independent zero-mean inputs of these spreads, read off the weights each module really starts with."""
+    mean_square = {}
+    for score in ("additive", "concat"):
+        rows = torch.cat([initial_weights(score, seed, query_size, key_size, 1024) for seed in range(4)])
+        w_s, w_h = rows[:, :query_size], rows[:, query_size:]  # (4 A, Dq), (4 A, Dk)
+        mean_square[score] = float(query_spread**2 * w_s.square().sum(1).mean()
+                                   + key_spread**2 * w_h.square().sum(1).mean())
+    return (mean_square["additive"] / mean_square["concat"]) ** 0.5
 
 
 @exercise("02-init-width-predict", "predicted_width_ratio", points=1, category="predict", parts=("ratio",),
           allow=(), ops=("torch", "numpy"),
           prop_doc="the prediction is the expected ratio as a rule in plain Python, a function of the two sizes and "
                    "the two spreads, judged on the exercise's three settings and on drawn ones (the grader draws "
-                   "others): no module can be built or run inside it, so it must come from the initialisation's "
+                   "others) against a measurement on freshly initialised modules within 2% (the checker holds no "
+                   "formula to copy): no module can be built or run inside it, so it must come from the initialisation's "
                    "variance, before the experiment measures it",
           hint="write the variance of one weight drawn uniformly between minus and plus one over the square root of "
                "its layer's fan-in; then the variance of one tanh input as a sum of independent products (weight "
@@ -307,7 +313,7 @@ def _init_width_predict():
     settings = [(64, 64, 1.0, 1.0), (64, 16, 1.0, 0.2), (64, 16, 0.2, 1.0)]
     settings += [(4 * pick(1, 32), 4 * pick(1, 32), pick(1, 20) / 10, pick(1, 20) / 10) for _ in range(3)]
     return [Case(f"Dq={dq}, Dk={dk}, query spread {sq}, key spread {sk}", (dq, dk, sq, sk),
-                 expected=width_ratio_closed_form(dq, dk, sq, sk), rtol=1e-6, atol=1e-9)
+                 expected=width_ratio_measured(dq, dk, sq, sk), rtol=0.02, atol=0.0)
             for dq, dk, sq, sk in settings]
 
 
