@@ -66,3 +66,29 @@ def test_a_table_of_the_check_cells_answer_fails_the_grader(tmp_path, monkeypatc
     table = case.expected.clone()
     checks.check(ID, lambda g, initial_state, chunk_size: table)
     assert _grader(ex, lambda g, initial_state, chunk_size: table, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")
+
+
+# ----------------------------------------------------------------------------- 13-recall-capacity: no recipe passes
+
+
+def test_recall_capacity_needs_the_measurement(tmp_path, monkeypatch):
+    """Review 11 (issue 23): typed numbers and formulas. A table of the check cell's values fools the cell but not the
+    salted grader; the per-configuration mean of those values (a 'typical recall' recipe) fails the cell already."""
+    ex = checks.get("13-recall-capacity")
+    cases = ex.make_cases()
+    table = {tuple(c.args): c.expected for c in cases}
+
+    def lookup(rule, n_pairs, dim, seed):
+        return table[(rule, n_pairs, dim, seed)]
+
+    checks.check(ex.id, lookup)
+    assert _grader(ex, lookup, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")
+    typical = {}
+    for c in cases:
+        typical.setdefault(tuple(c.args[:3]), []).append(c.expected)
+
+    def recipe(rule, n_pairs, dim, seed):
+        values = typical[(rule, n_pairs, dim)]
+        return sum(values) / len(values)
+
+    failure(ex.id, recipe)
