@@ -60,6 +60,28 @@ def memory_recall(rule: str, n_pairs: int, dim: int, seed: int, temperature: flo
     return float((nearest == torch.arange(n_pairs)).double().mean())
 
 
+def split_heads_recall(rule: str, n_pairs: int, seed: int, heads: int = 2, dim: int = 32) -> float:
+    """:func:`memory_recall` at a trained layer's layout: keys and values of `dim` dims split into `heads` heads with
+    one (dim/heads x dim/heads) state each, the heads' reads side by side (``"linear"`` or ``"delta"`` at beta = 1).
+
+    Raises: ValueError for another rule or a `dim` that `heads` does not divide; TypeError/ValueError for sizes."""
+    if rule not in ("linear", "delta"):
+        raise ValueError(f"rule must be 'linear' or 'delta', got {rule!r}")
+    for name, v in (("n_pairs", n_pairs), ("heads", heads), ("dim", dim)):
+        _validate.positive_int(name, v)
+    if dim % heads:
+        raise ValueError(f"heads={heads} must divide dim={dim}")
+    gen = torch.Generator().manual_seed(seed)
+    keys = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)  # (N, dim)
+    values = F.normalize(torch.randn(n_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+    kh = keys.view(n_pairs, heads, dim // heads).transpose(0, 1)[None]  # (1, heads, N, dim / heads)
+    vh = values.view(n_pairs, heads, dim // heads).transpose(0, 1)[None]
+    beta = torch.ones(1, heads, n_pairs, dtype=torch.float64) if rule == "delta" else None
+    _, state = la.chunked(kh, kh, vh, beta=beta, chunk_size=64, scale=1.0)  # (1, heads, dim/heads, dim/heads)
+    read = (kh @ state)[0].transpose(0, 1).reshape(n_pairs, dim)  # (N, dim): the heads' reads side by side
+    return float(((read @ values.T).argmax(-1) == torch.arange(n_pairs)).double().mean())
+
+
 def needle_recall(rule: str, length: int, depth: float, dim: int, seed: int, trials: int = 32,
                   temperature: float = 30.0, decay: float = 0.95) -> float:
     """Fraction of `trials` haystacks whose needle is read back exactly, the needle at `depth` of `length` pairs.
