@@ -863,8 +863,8 @@ def _starts_processes(obj) -> bool:
     run with an exercise's arguments it could fork workers the guard refuses inside, or run a test suite, so the
     corpus checks the guard's decision on entering it instead (lesson 12's `variant_claims.run_all` forked a pool
     whose workers died refused and left the test waiting: CI's timeout of 2026-11-29)."""
-    module = getattr(obj, "__module__", None) or ""
-    return module.startswith("attncourse") and _module_starts_processes(module)
+    module = getattr(obj, "__module__", None) or ""  # functions only: a class's inherited methods may be allowed
+    return inspect.isfunction(obj) and module.startswith("attncourse") and _module_starts_processes(module)
 
 
 def corpus_problems(ex: checks.Exercise, grader: Grader) -> tuple[list[str], int]:
