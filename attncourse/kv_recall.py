@@ -22,7 +22,7 @@ from . import _validate
 from .heads import AttnOnlyTransformer, planted_induction_model
 from .kv_compress import h2o_keep, snapkv_keep
 
-__all__ = ["question_batch", "planted_recall_model", "keep_masks", "answer_accuracy", "POLICIES"]
+__all__ = ["question_batch", "planted_recall_model", "keep_masks", "prefill_maps", "answer_accuracy", "POLICIES"]
 
 N_PAIRS, N_QUERIES, N_KEYS = 16, 3, 16
 POLICIES = ("full", "snapkv", "h2o", "recent", "random")
@@ -72,10 +72,11 @@ def planted_recall_model(n_keys: int = N_KEYS, n_pairs: int = N_PAIRS, n_queries
 def keep_masks(maps: list[torch.Tensor], policy: str, budget: int | None = None, *, window: int = N_QUERIES,
                kernel: int = 5, generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """Per layer, bool (B, H, P): the prompt keys each head keeps after the prefill. `maps`: the prefill's attention
-    maps, (B, H, P, P) per layer. `policy`: "full"; "snapkv" (:func:`~attncourse.kv_compress.snapkv_keep` with the
-    reference code's average pooling over 5, the last `window` queries voting); "h2o" (:func:`~attncourse.kv_compress.
-    h2o_keep`, `window` recent keys); "recent" (the last `budget` keys: a sliding window cut at the prefill); "random"
-    (the last `window` keys and `budget - window` others drawn uniformly from `generator`). Raises ValueError for an
+    maps, (B, H, P, P) per layer. `policy`: "full"; "snapkv" (:func:`~attncourse.kv_compress.snapkv_keep`, the last
+    `window` queries voting, average pooling over `kernel` keys: 5 in the reference code, 1 for none); "h2o"
+    (:func:`~attncourse.kv_compress.h2o_keep`, `window` recent keys); "recent" (the last `budget` keys: a sliding
+    window cut at the prefill); "random" (the last `window` keys and `budget - window` others drawn uniformly from
+    `generator`). Raises ValueError for an
     unknown policy, or a budget missing or not in window..P."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -104,18 +105,27 @@ def keep_masks(maps: list[torch.Tensor], policy: str, budget: int | None = None,
     return out
 
 
+def prefill_maps(model, tokens: torch.Tensor, prompt_len: int) -> list[torch.Tensor]:
+    """The prefill's attention maps, (B, H, P, P) per layer: what every policy selects from."""
+    with torch.no_grad():
+        return model(tokens[:, :prompt_len], return_weights=True)[1]
+
+
 def answer_accuracy(model, tokens: torch.Tensor, prompt_len: int, answers: torch.Tensor, policy: str = "full",
                     budget: int | None = None, *, window: int = N_QUERIES, kernel: int = 5, decoded: bool = False,
-                    generator: torch.Generator | None = None) -> dict:
+                    generator: torch.Generator | None = None, maps: list[torch.Tensor] | None = None) -> dict:
     """Answer accuracy when every layer's prompt keys are cut by `policy` after the prefill (:func:`keep_masks`);
     the continuation's queries see the kept prompt keys and every continuation key. Teacher-forced, or with
     ``decoded=True`` each answer is the model's own greedy token, fed back before the next query. `window`: the
-    observation window (SnapKV) or recent keys (H2O, random); `kernel`: SnapKV's pooling width. Returns ``{"accuracy", "per_answer" (m,), "pred" (B, m)
-    the answers given, "kept" (mean prompt keys kept per head)}``."""
+    observation window (SnapKV) or recent keys (H2O, random); `kernel`: SnapKV's pooling width; `maps`: the
+    prefill's attention maps, if :func:`prefill_maps` computed them already (one prefill for many policies).
+    Returns ``{"accuracy", "per_answer" (m,), "pred" (B, m) the answers given, "kept" (mean prompt keys kept per
+    head)}``."""
     _validate.tensor("tokens", tokens, min_rank=2)
     b, t = tokens.shape
     with torch.no_grad():
-        _, maps = model(tokens[:, :prompt_len], return_weights=True)  # (B, H, P, P) per layer
+        if maps is None:
+            maps = prefill_maps(model, tokens, prompt_len)
         keeps = keep_masks(maps, policy, budget, window=window, kernel=kernel, generator=generator)
         masks = []
         for keep in keeps:
