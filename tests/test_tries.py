@@ -1,17 +1,19 @@
 """A prediction check stops judging after three different wrong answers (attncourse.classroom.checks.tries)."""
 
+import nbformat
 import pytest
 
 from attncourse.classroom import checks
 from attncourse.classroom.checks import CheckFailed, tries
+from attncourse.classroom.nbtools import ROOT
 
 EX = "01-predict-shapes"
 
 
 @pytest.fixture
 def limited(monkeypatch, tmp_path):
-    monkeypatch.setenv("ATTNCOURSE_PREDICTION_TRIES", "3")
-    monkeypatch.setenv("ATTNCOURSE_STATE", str(tmp_path))
+    monkeypatch.setattr(tries, "_SETTING", "3")  # the environment is read once, at import: set what it read
+    monkeypatch.setattr(tries, "_STATE_ROOT", str(tmp_path))
     tries._SEEN.clear()
     yield tmp_path
     tries._SEEN.clear()
@@ -67,11 +69,28 @@ def test_other_exercises_and_the_unlimited_setting_are_unaffected(limited, monke
         with pytest.raises(CheckFailed):
             checks.check(EX, wrong_rule(n))
     assert tries.exhausted("03-predict-shapes") is None
-    monkeypatch.setenv("ATTNCOURSE_PREDICTION_TRIES", "unlimited")
+    monkeypatch.setenv("ATTNCOURSE_PREDICTION_TRIES", "unlimited")  # a notebook cell changing the environment
+    with pytest.raises(CheckFailed, match="judges no more answers"):
+        checks.check(EX, right_rule())
+    monkeypatch.setattr(tries, "_SETTING", "unlimited")  # what the course's tests run under
     checks.check(EX, right_rule())
 
 
+def test_lesson_00s_demonstration_is_not_counted(limited):
+    cell = next(c.source for c in nbformat.read(ROOT / "notebooks/00_start_here.ipynb", 4).cells
+                if c.cell_type == "code" and 'check("01-predict-shapes", predicted_shapes)' in c.source)
+    namespace = {}
+    exec(cell.split("try:")[0], namespace)
+    case = checks.get(EX).make_cases()[0]
+    assert tries.fingerprint(case.name, namespace["predicted_shapes"](*case.args)) == tries.DEMO[EX]
+    for _ in range(2):
+        with pytest.raises(CheckFailed) as err:
+            checks.check(EX, namespace["predicted_shapes"])
+        assert "tries" not in str(err.value)
+    assert tries.used(EX) == set()
+
+
 def test_a_bad_setting_is_refused(monkeypatch):
-    monkeypatch.setenv("ATTNCOURSE_PREDICTION_TRIES", "many")
+    monkeypatch.setattr(tries, "_SETTING", "many")
     with pytest.raises(ValueError, match="ATTNCOURSE_PREDICTION_TRIES"):
         tries.limit()

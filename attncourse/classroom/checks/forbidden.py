@@ -942,6 +942,18 @@ def _audit(event, args):
         if guard._kind(frame.f_code) == "learner" and not guard._inside_allowed(frame):
             guard._hit(f"the attribute {args[1]} (a frame: the check's own frames are behind it)", guard._where(frame))
             raise Refused(guard.used[-1])  # an audit hook may refuse the access itself: the frame never arrives
+    elif event.startswith("ctypes."):  # raw memory (from_address, string_at, a foreign call): numbers no trace sees
+        guard._in_audit = True
+        try:
+            frame = sys._getframe(1)
+            home = os.path.dirname(getattr(sys.modules.get("ctypes"), "__file__", None) or "/nowhere/") + os.sep
+            while frame is not None and frame.f_code.co_filename.startswith(home):  # ctypes' wrappers: who called
+                frame = frame.f_back
+        finally:
+            guard._in_audit = False
+        if frame is not None and guard._kind(frame.f_code) == "learner" and not guard._inside_allowed(frame):
+            guard._hit(f"{event} (memory read through ctypes, where no trace sees the arithmetic)", guard._where(frame))
+            raise Refused(guard.used[-1])
     elif event in ("sys._getframe", "sys._current_frames"):
         got = args[0] if args else None
         if event == "sys._current_frames" or (got is not None and (

@@ -10,8 +10,10 @@ where a tuple of shapes is asked, a missing key) is not counted at all: the chec
 
 The grader does not read the file: it judges the answer the notebook hands in, in a kernel of its own, where a loop
 that calls ``check`` meets the same limit. The course's own tests set ``ATTNCOURSE_PREDICTION_TRIES=unlimited``
-(they hand every check many wrong answers on purpose). What this does not stop is named in the README ("What the
-guard cannot see"): a learner who deletes the file, or who reads the expected value out of the checker's source.
+before the checks are imported (they hand every check many wrong answers on purpose); the setting is read once, at
+import, so a notebook cell that changes the environment later changes nothing. What this does not stop is named in
+the README ("What the guard cannot see"): the check runs in the learner's own Python, so top-level code can patch
+this module, delete the file or call the comparison behind the check; what such a search finds is not a prediction.
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ _ENV = "ATTNCOURSE_PREDICTION_TRIES"  # a number of tries, or "unlimited"
 _STATE_ENV = "ATTNCOURSE_STATE"  # the folder of the count's file (default: ~/.cache/attncourse)
 _FORM = ("expected ", "your dict has no entry")  # how a message about an answer's form begins
 _SEEN: dict[str, set[str]] = {}  # this process's wrong answers, by exercise id
+# Read once, when the checks are imported: a notebook cell that changes the environment later changes nothing here.
+_SETTING = os.environ.get(_ENV, "")
+_STATE_ROOT = os.environ.get(_STATE_ENV, "")
+# Wrong answers everyone is shown, not counted: lesson 00's demonstration of a wrong 01-predict-shapes rule (the same
+# for every learner, so trying it tells nothing; tests/test_tries.py recomputes its digest from the lesson's cell).
+DEMO = {"01-predict-shapes": "a47b3643804c0240"}
 
 
 def limit() -> int | None:
     """The number of different wrong predictions an exercise allows (None: no limit), from the environment."""
-    value = os.environ.get(_ENV, "").strip().lower()
+    value = _SETTING.strip().lower()
     if value in ("", "default"):
         return LIMIT
     if value in ("unlimited", "none", "0"):
@@ -50,7 +58,7 @@ def limit() -> int | None:
 def state_file() -> Path:
     """Where the wrong answers are counted across kernels: ``$ATTNCOURSE_STATE/tries.json`` or
     ``~/.cache/attncourse/tries.json``."""
-    root = os.environ.get(_STATE_ENV)
+    root = _STATE_ROOT
     return (Path(root) if root else Path.home() / ".cache" / "attncourse") / "tries.json"
 
 
@@ -121,7 +129,7 @@ def record(exercise_id: str, fp: str) -> str:
     """Count the wrong answer `fp` for `exercise_id` (once per different answer); return the line the learner sees
     about the tries left."""
     n = limit()
-    if n is None:
+    if n is None or DEMO.get(exercise_id) == fp:
         return ""
     _SEEN.setdefault(exercise_id, set()).add(fp)
     data = _load()
@@ -136,8 +144,8 @@ def record(exercise_id: str, fp: str) -> str:
             f"this exercise, so work the answer out rather than trying values")
 
 
-def reset(exercise_id: str | None = None) -> None:
-    """Forget the wrong answers (of one exercise, or all): for instructors and the course's tests."""
+def _reset(exercise_id: str | None = None) -> None:
+    """Forget the wrong answers (of one exercise, or all): for the course's tests."""
     data = _load()
     if exercise_id is None:
         _SEEN.clear()
