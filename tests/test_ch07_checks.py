@@ -91,7 +91,29 @@ def test_cache_mask_every_triangle_spelling_refused():
         keep = ~torch.ones(q, k, dtype=torch.bool).triu_(k - q + 1)
         return keep if w is None else keep & torch.ones(q, k, dtype=torch.bool).triu_(k - q - w + 1)
 
-    for answer in (aten_default, by_getattr, triu_negated, numpy_tri, numpy_import, in_place, in_place_triu):
+    def eye_cumsum(q, k, w=None):  # review 11: the triangle as a running sum of an identity passed
+        tri = torch.eye(k, dtype=torch.long).cumsum(0).bool()                  # (Tk, Tk) lower triangle
+        keep = tri[k - q:]
+        if w is None:
+            return keep
+        far = torch.cat([torch.zeros(w, k, dtype=torch.long), torch.eye(k, dtype=torch.long)])[:k].cumsum(0).bool()
+        return keep & ~far[k - q:]
+
+    def eye_cummax(q, k, w=None):  # a running maximum draws it too
+        shifted = lambda s: torch.cat([torch.zeros(s, k), torch.eye(k)])[:k].cummax(0).values.bool()  # noqa: E731
+        keep = shifted(0)[k - q:]
+        return keep if w is None else keep & ~shifted(w)[k - q:]
+
+    def in_place_cumsum(q, k, w=None):
+        def shifted(s):
+            tri = torch.cat([torch.zeros(s, k, dtype=torch.long), torch.eye(k, dtype=torch.long)])[:k]
+            tri.cumsum_(0)
+            return tri.bool()
+        keep = shifted(0)[k - q:]
+        return keep if w is None else keep & ~shifted(w)[k - q:]
+
+    for answer in (aten_default, by_getattr, triu_negated, numpy_tri, numpy_import, in_place, in_place_triu,
+                   eye_cumsum, eye_cummax, in_place_cumsum):
         assert "called" in failure("07-cache-mask", answer), answer.__name__
 
 
@@ -441,6 +463,22 @@ def test_dropped_mass_reference_and_closed_forms_refused():
     assert "called" in failure("07-window-dropped-mass", window_dropped_mass)
     # a closed form for uniform attention over the causal prefix, which ignores the scores
     failure("07-window-dropped-mass", lambda q, k, w, m: sum(max(i + 1 - w, 0) / (i + 1) for i in range(q.shape[0])) / q.shape[0])
+
+
+def test_dropped_mass_reference_transcribed_refused():
+    """The reference is built from the course's attention, ALiBi bias and masks: a transcription of it (names
+    changed) enters course code and is refused (review 11 asked that an edited copy of a reference not pass)."""
+    from attncourse import masks, scaled_dot_product_attention
+    from attncourse.positions import alibi_bias_at
+
+    def transcribed(q, k, w, m):
+        t = torch.arange(len(q))
+        b = alibi_bias_at(torch.tensor([m], dtype=q.dtype), t, t)[0]
+        keep = masks.materialize(masks.causal, len(q), len(q))
+        p = scaled_dot_product_attention(q, k, q, b.masked_fill(~keep, -math.inf), return_weights=True)[1]
+        return p.masked_fill(masks.materialize(masks.sliding_window(w), len(q), len(q)), 0).sum(-1).mean().item()
+
+    assert "called" in failure("07-window-dropped-mass", transcribed)
 
 
 # ----------------------------------------------------------------------------- 6b. the study, graded

@@ -423,6 +423,18 @@ def test_rescale_cost_reference_and_typed_numbers_refused(tmp_path, monkeypatch)
     failure("08-rescale-cost", lambda row, c: (_rescales(row, c)[0], _rescales(row, c)[0] * c))
 
 
+def test_rescale_cost_reference_transcribed_refused():
+    """Review 11 passed a hand-edited transcription of the 10-line reference loop. The reference now reads the
+    course's trace, so its transcription (names changed, method spellings) enters course code and is refused."""
+    def transcribed(r, c):
+        trace = online_softmax_trace(r.to(torch.float64), chunk_size=c)
+        best = trace["running_max"]
+        up = best[1:].gt(best[:-1])
+        return up.sum().item(), (torch.arange(1, len(best)) * c)[up].sum().item()
+
+    assert "called" in failure("08-rescale-cost", transcribed)
+
+
 # ----------------------------------------------------------------------------- 3. find the bug: the split-KV merge
 
 

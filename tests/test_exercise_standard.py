@@ -846,7 +846,10 @@ SYSTEM_MODULES = ("attncourse.classroom.nbtools", "attncourse.classroom.release"
                   "attncourse.classroom.timing",
                   "attncourse.nbtools",
                   "attncourse.release", "attncourse.bench", "attncourse.utils", "attncourse.ring_train",
-                  "attncourse.ring.run_distributed", "attncourse.seq2seq")
+                  "attncourse.ring.run_distributed", "attncourse.seq2seq",
+                  # start a fork Pool of `processes` workers: handed (x, 4) as 08-one-pass-log-softmax's answer,
+                  # run_all forked 4 workers that hung the corpus test (seen 2026-11-29, f12-0709)
+                  "attncourse.variant_claims.run_all", "attncourse.variant_claims.run_gpts")
 
 
 _PROCESS_WORDS = ("subprocess", "multiprocessing", "ProcessPoolExecutor", "forked_map", "mp.spawn")

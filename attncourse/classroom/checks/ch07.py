@@ -9,6 +9,9 @@ import torch
 
 from attncourse.kv_cache import KVCache, SinkWindowCache
 from attncourse.masks import attention_sink, causal_bottom_right, materialize, materialize_at, sliding_window
+from attncourse.masks import causal as masks_causal
+from attncourse.positions import alibi_bias_at
+from attncourse.sdpa import scaled_dot_product_attention
 from attncourse.mha import MultiHeadAttention
 from attncourse.positions import sinusoidal_positions
 from . import Case, edits, exercise
@@ -36,7 +39,10 @@ def _reference_cache_mask(q_len: int, k_len: int, window: int | None) -> torch.T
                                     "numpy.tri", "numpy.tril_indices", "numpy.triu_indices", "numpy.ma.mask_rowcols"),
           shortcuts=(_shortcut_cache_mask_tril, _shortcut_cache_mask_masks, _shortcut_cache_mask_aten,
                      _shortcut_cache_mask_numpy), allow=(),
-          ops=("aten::tril", "aten::triu", "aten::tril_", "aten::triu_", "aten::tril_indices", "aten::triu_indices"),
+          ops=("aten::tril", "aten::triu", "aten::tril_", "aten::triu_", "aten::tril_indices", "aten::triu_indices",
+               # a running sum or product of an identity draws the same triangle (review 11: eye().cumsum(0))
+               "aten::cumsum", "aten::cumsum_", "aten::cumprod", "aten::cumprod_", "aten::cummax", "aten::cummin",
+               "aten::_cummax_helper", "aten::_cummin_helper", "aten::logcumsumexp"),
           prop_doc="a mask is its entries: equality on every alignment and window (wider than Tk, of 1, none) is the "
                    "property",
           hint="the lesson's section 2 shows where the new queries sit among the keys; a window adds one more "
@@ -324,12 +330,16 @@ def _evict():
 
 def window_dropped_mass(q: torch.Tensor, k: torch.Tensor, window: int, slope: float) -> float:
     """Reference: the mean over the queries `q` (T, D) of the full-causal attention weight over the keys `k`
-    (T, D), with the ALiBi bias of slope `slope`, that a sliding window of `window` keys would drop."""
-    seq_len, head_dim = q.shape
-    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]  # (T, 1), (1, T)
-    scores = q @ k.T / math.sqrt(head_dim) + slope * (j - i)  # (T, T): ALiBi bias slope * (j - i)
-    weights = torch.softmax(scores.masked_fill(j > i, float("-inf")), dim=-1)  # (T, T) full causal
-    return float(weights.masked_fill(i - j < window, 0.0).sum(-1).mean())
+    (T, D), with the ALiBi bias of slope `slope`, that a sliding window of `window` keys would drop.
+
+    Built from the course's attention, ALiBi bias and masks, which the answer may not call: a transcription of this
+    reference is refused (review 11)."""
+    pos = torch.arange(q.shape[0])  # (T,)
+    bias = alibi_bias_at(torch.tensor([float(slope)], dtype=q.dtype), pos, pos)[0]  # (T, T): slope * (j - i)
+    causal = materialize(masks_causal, q.shape[0], q.shape[0])  # (T, T)
+    _, weights = scaled_dot_product_attention(q, k, q, bias.masked_fill(~causal, float("-inf")), return_weights=True)
+    inside = materialize(sliding_window(window), q.shape[0], q.shape[0])  # (T, T): what the window keeps
+    return float(weights.masked_fill(inside, 0.0).sum(-1).mean())
 
 
 def _dropped_mass_cases():

@@ -321,16 +321,15 @@ def _predict():
 
 def rescale_cost(row: torch.Tensor, chunk_size: int) -> tuple[int, int]:
     """Reference: (chunks after the first where the running max grows, elements already written that the one-pass
-    softmax rescales then) for a 1-D `row` read in chunks of `chunk_size`."""
-    rescales = written = 0
-    m = NEG_INF
-    for start in range(0, row.shape[0], chunk_size):
-        top = float(row[start:start + chunk_size].max())
-        if start > 0 and top > m:
-            rescales += 1
-            written += start
-        m = max(m, top)
-    return rescales, written
+    softmax rescales then) for a 1-D `row` read in chunks of `chunk_size`.
+
+    Read off the course's trace of the online recurrence, which the answer may not call: a transcription of this
+    reference is refused, so the running maximum has to be the learner's own (review 11 passed a hand-edited copy of
+    the earlier 10-line loop)."""
+    running = online_softmax_trace(row.double(), chunk_size)["running_max"]  # (chunks,) max after each chunk
+    grew = running[1:] > running[:-1]  # (chunks - 1,) chunk j >= 1 raised it (a tie does not)
+    starts = torch.arange(1, running.shape[0]) * chunk_size  # (chunks - 1,) elements written before chunk j
+    return int(grew.sum()), int(starts[grew].sum())
 
 
 def _rescale_rows():
