@@ -120,3 +120,30 @@ def test_problems_name_each_route():
     assert "__truediv__" in said["simulated_by_dunders"]
     assert "`__import__`" in said["simulated_by_import_builtin"]
     assert not said["rule_sets"] and not said["rule_running_max"] and not said["rule_sorted"]
+
+
+# ----------------------------------------------------------------------------- exercise 2: the fix in other spellings
+
+from test_edits import cell_function  # noqa: E402
+from attncourse.classroom.checks import ch04, edits  # noqa: E402
+
+_SPELLINGS = {  # the split and the merge of the fix, as a learner may write them
+    "unflatten/permute/flatten": ("unflatten(-1, (n_heads, d // n_heads)).permute(0, 2, 1, 3)",
+                                  "permute(0, 2, 1, 3).flatten(2)"),
+    "view/permute/contiguous": ("view(B, T, n_heads, d // n_heads).permute(0, 2, 1, 3)",
+                                "permute(0, 2, 1, 3).contiguous().view(B, T, d)"),
+    "movedim": ("view(B, T, n_heads, d // n_heads).movedim(2, 1)", "movedim(1, 2).contiguous().view(B, T, d)"),
+}
+
+
+def test_find_the_bug_accepts_every_spelling_of_the_fix():
+    import inspect
+    import torch
+    case = checks.get("04-find-the-bug-1").make_cases()[0]
+    for split, merge in _SPELLINGS.values():
+        text = (ch04.BUGGY_MHA.replace("reshape(B, n_heads, T, d // n_heads)", split)
+                .replace("(weights @ v).reshape(B, T, d)", f"(weights @ v).{merge}").replace("mha_buggy", "mha_fixed"))
+        assert edits.judge(ch04.FIX_MHA, text) is None, text           # the small-edit property holds
+        fixed = cell_function(text, "mha_fixed", {"torch": torch, "math": math})
+        torch.testing.assert_close(fixed(*case.args), case.expected)   # and the values are right
+    assert edits.distance(ch04.BUGGY_MHA, inspect.getsource(ch04._breaker_rewrite_mha)) > ch04.FIX_MHA.most + 20
