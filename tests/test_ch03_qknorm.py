@@ -22,7 +22,7 @@ ID = "03-qk-norm-logits"
 def qk_norm_logits(q, k, g_q, g_k):
     q_hat = g_q * q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6)
     k_hat = g_k * k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6)
-    return q_hat @ k_hat.mT / math.sqrt(q.shape[-1])
+    return q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
 def by_rms_norm(q, k, g_q, g_k):

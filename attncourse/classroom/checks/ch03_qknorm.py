@@ -7,6 +7,7 @@ course's ``sink_fixes.qk_norm_attention``) on inputs whose size grows a thousand
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import Case, exercise, forbidden
 
@@ -28,8 +29,16 @@ def logit_bound(d: int, g_q: torch.Tensor, g_k: torch.Tensor) -> float:
     return d ** 0.5 * float(g_q.abs().max()) * float(g_k.abs().max())
 
 
+def _by_rms_norm(q, k, g_q, g_k):
+    d = q.shape[-1]
+    return F.rms_norm(q, (d,), g_q, EPS) @ F.rms_norm(k, (d,), g_k, EPS).transpose(-2, -1) * d ** -0.5
+
+
 @exercise("03-qk-norm-logits", "qk_norm_logits", points=2, category="implement", forbid=_FORBID, allow=(),
-          ops=("attention", "softmax"),
+          ops=("attention", "softmax"), shortcuts=(_by_rms_norm,),
+          prop_doc="output equality is the property: the logits equal a reference on queries and keys up to 1000 "
+                   "times larger, where they must not grow, and so do their gradients with respect to q, k and "
+                   "both gains (a normalisation outside autograd fails there); library norms are refused",
           hint="normalise each query and each key by its own root-mean-square over the last axis (the mean of the "
                "squares, plus eps, under the square root), multiply by the gains, then take the scaled dot product "
                "of every query with every key")
