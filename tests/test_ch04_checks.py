@@ -224,10 +224,11 @@ def test_predict_permutation_rule(tmp_path, monkeypatch):
         refused("04-predict-causal-permutation", measured, tmp_path, monkeypatch)
 
 
-def test_predict_permutation_table_fails_the_grader(tmp_path, monkeypatch):
+def test_predict_permutation_table_is_refused(tmp_path, monkeypatch):
     table = {tuple(c.args[0]): c.expected for c in checks.get("04-predict-causal-permutation").make_cases()}
     looked_up = lambda perm: table[tuple(perm)]  # noqa: E731  the check cell's permutations, measured beforehand
-    checks.check("04-predict-causal-permutation", looked_up)  # the check cell's fixed seeds are fooled
+    with pytest.raises(checks.CheckFailed, match="rule"):  # a name from outside the rule (or no readable source)
+        checks.check("04-predict-causal-permutation", looked_up)
     ex = checks.get("04-predict-causal-permutation")
     assert salted_grader(ex, looked_up, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")  # the grader's draw
     assert salted_grader(ex, rows_that_survive, SALT, tmp_path, monkeypatch)[0] == "passed"

@@ -270,7 +270,8 @@ def test_hidden_test_protocol(tmp_path):
     result = grade.grade_notebook(submission(tmp_path, "03_min.ipynb", minimal), cell_timeout=30, solutions=sols)
     st = statuses(result)
     assert st == {"03-sdpa-numpy": "passed", "03-find-the-bug-1": "passed", "03-predict-shapes": "passed",
-                  "03-masked-attention": "passed", "03-variance-experiment": "failed", "03-variance-fit": "passed"}, \
+                  "03-masked-attention": "passed", "03-variance-experiment": "failed", "03-variance-fit": "passed",
+                  "03-qk-norm-logits": "passed"}, \
         result.exercises
     msg = next(e.message for e in result.exercises if e.id == "03-variance-experiment")
     assert "negative variance" in msg

@@ -8,7 +8,7 @@ from torch import nn
 
 from attncourse.mha import MultiHeadAttention
 from attncourse.transformer import TransformerBlock
-from . import Case, edits, exercise
+from . import Case, edits, exercise, rules
 
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
            "torch.nn.MultiheadAttention", "attncourse.scaled_dot_product_attention",
@@ -136,7 +136,7 @@ def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)   # (B, H, T, T)
     return (weights @ v).reshape(B, T, d) @ w_o.T
 '''
-FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=28, lines=(3, 5),
+FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=40, lines=(3, 5),  # every spelling of the fix tried: 18-32; a rewrite 68
                           names=("view", "unflatten", "flatten", "permute", "swapaxes", "swapdims", "movedim",
                                  "contiguous", "mT"))
 
@@ -220,12 +220,13 @@ def _rows_rule(got, expected) -> str | None:
 
 
 @exercise("04-predict-causal-permutation", "rows_that_survive", points=1, category="predict", allow=(),
-          ops=("torch",),
+          ops=("torch",), prop=rules.prop("`rows_that_survive`"),
           prop_doc="output equality is the property, on permutations the grader draws (10 to 16 tokens): the rule "
-                   "is judged on every row of every permutation, and the answer may not run PyTorch (a measurement "
-                   "with the module is refused, so is NumPy; a table of the check cell's permutations fails the "
-                   "grader's draw). Not closed: an answer that re-implements attention in plain Python and measures "
-                   "(it runs the experiment instead of stating the rule; the README's guard limits say so)",
+                   "is judged on every row of every permutation, and it must be a rule over indices: one def that "
+                   "compares, counts and takes sets, with no name from outside but a few built-ins, no float, no "
+                   "import and no arithmetic but + and - (checks/rules.py). A measurement (the module, NumPy, or an "
+                   "attention simulated in plain Python with math.exp or **) is refused, so is a table of the check "
+                   "cell's permutations",
           hint="work one small permutation through by hand, say 4 tokens with two of them swapped: for each output "
                "row, what does its query read before the permutation, and what after?")
 def _predict_permutation():

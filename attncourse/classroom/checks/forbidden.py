@@ -64,6 +64,7 @@ FAMILIES = {
 }
 WORDS = {"attention": "a fused attention kernel", "softmax": "a softmax", "logsumexp": "a log-sum-exp",
          "torch": "a PyTorch operation (this exercise's answer is NumPy alone, or plain Python)",
+         "rule": "PyTorch or NumPy (this answer is a rule in plain Python)",
          "numpy": "NumPy (this answer is judged by what it runs in PyTorch, or is a rule in plain Python)",
          "complex": "complex numbers (this exercise asks for the arithmetic on real numbers)",
          "bits": "floating-point numbers reinterpreted as integers (the arithmetic must run in PyTorch, where the "
@@ -611,6 +612,7 @@ class Guard:
         return bool(self.codes or self.builtins or self.library or self.families or self.tracing)
 
     def _hit(self, dotted, where=None, family=None):
+        family = "rule" if family in ("torch", "numpy") and {"torch", "numpy"} <= set(self.families) else family
         text = dotted + (f" ({where})" if where else "") + (f", {WORDS.get(family, family)}" if family else "")
         if not any(u.split(" (")[0].split(",")[0] == dotted for u in self.used):
             self.used.append(text)
