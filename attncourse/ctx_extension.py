@@ -19,6 +19,7 @@ after a RoPE rescaling on windows :data:`SCALE` times longer, as PI and YaRN fin
 from __future__ import annotations
 
 import copy as _copy
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,9 @@ FT_CHECKPOINTS = (10, 25, 50)  # fine-tuning steps measured (PI: 1,000 steps on 
 FT_LR = 1e-3
 TEST_WINDOWS = 32  # per distance
 METHODS = ("none", "PI", "NTK", "YaRN")
+_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+PLAY_TEXT = _NOTEBOOKS / "data" / "shakespeare" / "coriolanus.txt"  # the text (absolute: any working directory)
+PASSKEY_WEIGHTS = _NOTEBOOKS / "results" / "ch06_passkey_text.pt"  # the stored base models of lesson 06 (FULL=1)
 
 
 def extra_ids(vocab_size: int) -> tuple[torch.Tensor, int]:
@@ -173,6 +177,30 @@ def run(text: torch.Tensor, held_out: torch.Tensor, vocab_size: int, seed: int, 
             row[f"{s} steps"] = m
         results[name] = row
     return results, state
+
+
+ABF_BASE = 1_000_000.0  # "raise the base, then fine-tune" (Xiong et al. 2023; Code Llama: 10,000 -> 1,000,000)
+
+
+def set_base(model: torch.nn.Module, base: float) -> torch.nn.Module:
+    """Give every block's RoPE the frequencies of `base` (no rescaling, no logit factor): ABF's change."""
+    for block in model.blocks:
+        block.attn.set_rope(base)
+    return model
+
+
+def run_abf(text: torch.Tensor, held_out: torch.Tensor, vocab_size: int, seed: int, state: dict,
+            base: float = ABF_BASE, checkpoints=FT_CHECKPOINTS) -> dict:
+    """ABF on a stored base model (`state`, as :func:`run` returns it): the base raised to `base`, measured
+    zero-shot and fine-tuned exactly as the rescalings of :func:`run` are; ``{stage: measure(...)}``."""
+    sets = test_sets(held_out, vocab_size)
+    model = char_lm(vocab_size + 11, 0)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    set_base(model.eval(), base)
+    row = {"zero-shot": measure(model, sets)}
+    for s, m in fine_tune(model, text, vocab_size, seed, lambda mm: measure(mm, sets), checkpoints).items():
+        row[f"{s} steps"] = m
+    return row
 
 
 def store(per_seed: dict, states: dict, json_path, weights_path) -> dict:
