@@ -158,3 +158,30 @@ def test_set_base_is_abf():
         assert block.attn.rope_factor == 1.0 and block.attn.rope_scaling is None
     with pytest.raises(ValueError, match="base"):
         cx.set_base(model, 0.5)
+
+
+def test_an_exec_copy_of_rope_inv_freq_without_its_checks_or_future_import_is_refused():
+    """The course's rope_inv_freq, its validation lines deleted, exec'd where `from __future__ import annotations`
+    is off (its nested def's annotations then compile to other bytecode), under a new name: still its copy."""
+    lines, keep, skip = inspect.getsource(rope_inv_freq).splitlines(), [], False
+    for line in lines:
+        text = line.strip()
+        if skip:
+            skip = False
+            continue
+        if text.startswith("_validate.") or "check_rope_scaling" in text:
+            continue
+        if text.startswith(("if head_dim % 2", "if isinstance(base, bool)")):
+            skip = True
+            continue
+        keep.append(line)
+    namespace = {"torch": torch, "math": math}
+    source = "\n".join(keep).replace("def rope_inv_freq", "def my_freqs")
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)  # not this file's __future__ import
+
+    def yarn_inv_freq(head_dim, base, factor, original_max, beta_fast=32.0, beta_slow=1.0):
+        return namespace["my_freqs"](head_dim, base, scaling={"type": "yarn", "factor": factor,
+                                                              "original_max_position": original_max,
+                                                              "beta_fast": beta_fast, "beta_slow": beta_slow})
+    with pytest.raises(checks.CheckFailed, match="copy of attncourse.positions.rope_inv_freq"):
+        checks.check("06-yarn-frequencies", yarn_inv_freq)

@@ -86,9 +86,36 @@ def _inside(pos, span):
         (pos[1], pos[3]) <= (span[1], span[3])
 
 
+def _item_start(ins, m):
+    """The index where the instructions that leave one value on the stack, ending at `m`, begin."""
+    need = 1
+    while m >= 0:
+        i = ins[m]
+        need -= dis.stack_effect(i.opcode, i.arg if i.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        if need <= 0:
+            return m
+        m -= 1
+    return 0
+
+
+def _annotations(ins):
+    """Offsets of the instructions that build a nested function's annotations: one constant tuple under ``from
+    __future__ import annotations``, built at run time without it (a copy exec'd without the import differs there)."""
+    gone = set()
+    for n, i in enumerate(ins):
+        if i.opname == "MAKE_FUNCTION" and (i.arg or 0) & 0x04 and n >= 1 and ins[n - 1].opname == "LOAD_CONST":
+            m = n - 2
+            if i.arg & 0x08:  # the closure's tuple sits above the annotations
+                m = _item_start(ins, m) - 1
+            gone.update(ins[k].offset for k in range(_item_start(ins, m), m + 1))
+    return gone
+
+
 def core_tokens(code):
     """The operations of `code`'s body without its input checks (see the module's docstring)."""
-    ins = [i for i in dis.get_instructions(code) if i.opname not in _SKIP]
+    every = list(dis.get_instructions(code))
+    notes = _annotations(every)
+    ins = [i for i in every if i.opname not in _SKIP and i.offset not in notes]
     spans = [_span(i) for i in ins]
     line = [s[0] if s else None for s in spans]
     gone = set()  # source lines of the input checks
