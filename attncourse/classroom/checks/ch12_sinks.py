@@ -24,14 +24,26 @@ def _shortcut_online_sink(q, k, v, sink_logits, is_causal=False):
     return online_attention(q, k, v, is_causal=is_causal, sink_logits=sink_logits)[0]
 
 
+def _inputs_dtype(runs) -> str | None:
+    """The output comes back in the inputs' dtype: a float32 answer computed in float64 must be rounded back (the
+    course's rule for every attention: compute where it is safe, return what came in)."""
+    for run in runs:
+        want = run.case.args[0].dtype
+        if isinstance(run.got, torch.Tensor) and run.got.dtype != want:
+            return (f"on case '{run.case.name}' the output is {str(run.got.dtype)[6:]} for {str(want)[6:]} inputs: "
+                    "return it in the inputs' dtype")
+    return None
+
+
 @exercise("12-sink-logit", "sink_attn", points=2, category="implement",
           forbid=("attncourse.sink_variants.sink_softmax_attention", "attncourse.sink_variants.SinkLogitAttention",
                   "attncourse.sdpa.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
                   "torch.nn.functional.scaled_dot_product_attention",
                   "attncourse.online_softmax.online_attention", "attncourse.online_attention",
                   "attncourse.online_softmax.fold_sink_logit", "attncourse.fold_sink_logit"),
-          allow=(), ops=("attention", "softmax", "logsumexp"),
-          prop_doc="a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300 and "
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_inputs_dtype,
+          prop_doc="the output in the inputs' dtype; "
+                   "a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300 and "
                    "near 3000, where exponentials without a shift overflow even in float64), causal or not, Tq != Tk, once softmax, logsumexp, "
                    "every fused attention and the package's sink attention are refused",
           shortcuts=(_shortcut_sink, _shortcut_online_sink),
