@@ -251,7 +251,7 @@ def test_ablation_routes(tmp_path, monkeypatch):
     refused("12-ablation", helpers, tmp_path, monkeypatch, because="ablation_effects")
 
     def reference(seed):  # the review's X4: the checker's own reference
-        from attncourse.classroom.checks.ch12 import ablation_reference
+        from attncourse.classroom.checks.ch12_ablation import ablation_reference
         return ablation_reference(seed)
 
     refused("12-ablation", reference, tmp_path, monkeypatch, because="called attncourse.classroom")
@@ -261,6 +261,28 @@ def test_ablation_routes(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed):
         checks.check("12-ablation", known_answer)
+
+    def zero_ablation(seed):  # review 12: zero-ablation (an exec'd copy of ablate_heads, the old exercise) fails
+        from attncourse.heads import planted_induction_model, repeated_tokens, token_losses
+        model = planted_induction_model(32, 8, generator=torch.Generator().manual_seed(seed))
+        tokens = repeated_tokens(64, 8, 32, generator=torch.Generator().manual_seed(1000 + seed))
+        width = model.config.d_model // model.config.n_heads
+        table = torch.zeros(2, 2)
+        with torch.no_grad():
+            base = token_losses(model, tokens)[:, 8:].mean()
+            for layer in range(2):
+                for head in range(2):
+                    def zero_head(module, args, h=head):
+                        x = args[0].clone()
+                        x[..., h * width:(h + 1) * width] = 0
+                        return (x,)
+                    handle = model.attns[layer].o_proj.register_forward_pre_hook(zero_head)
+                    table[layer, head] = token_losses(model, tokens)[:, 8:].mean() - base
+                    handle.remove()
+        return table
+
+    with pytest.raises(checks.CheckFailed, match="seed 0"):
+        checks.check("12-ablation", zero_ablation)
 
 
 def test_prediction_verify_cell_is_gated():
@@ -382,6 +404,12 @@ def test_sink_logit_exercise(tmp_path, monkeypatch):
 
     with pytest.raises(checks.CheckFailed):
         checks.check("12-sink-logit", no_sink)
+
+    def float64_out(q, k, v, sink, is_causal=False):  # review 12: right values, computed and returned in float64
+        return right(q.double(), k.double(), v.double(), sink.double(), is_causal)
+
+    with pytest.raises(checks.CheckFailed, match="inputs' dtype"):
+        checks.check("12-sink-logit", float64_out)
 
 
 def test_cold_review_9_patchify_routes(tmp_path, monkeypatch):

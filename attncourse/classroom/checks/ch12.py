@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attncourse.heads import ablation_effects, induction_scores, planted_induction_model, repeated_tokens
+from attncourse.heads import induction_scores
 from attncourse.variants import diff_lambda_init, differential_attention, sigmoid_attention
 from attncourse.vit import patchify
 from . import Case, edits, exercise, forbidden
@@ -364,26 +364,3 @@ def _lambda_bug():
             for n in depths]
 
 
-ABLATION_VOCAB, ABLATION_SEG, ABLATION_BATCH = 32, 8, 64
-
-
-def ablation_reference(seed: int) -> torch.Tensor:
-    """(2, 2): the rise of the repeated-half loss when each head of the planted model of `seed` is ablated."""
-    model = planted_induction_model(ABLATION_VOCAB, ABLATION_SEG, generator=torch.Generator().manual_seed(seed))
-    tokens = repeated_tokens(ABLATION_BATCH, ABLATION_SEG, ABLATION_VOCAB,
-                             generator=torch.Generator().manual_seed(1000 + seed))
-    return ablation_effects(model, tokens)
-
-
-@exercise("12-ablation", "ablation_table", points=2, category="experiment",
-          allow=("attncourse.heads.planted_induction_model", "attncourse.heads.repeated_tokens",
-                 "attncourse.heads.token_losses", "attncourse.heads.AttnOnlyTransformer"),
-          forbid=("attncourse.heads.ablation_effects", "attncourse.heads.ablate_heads", "attncourse.ablation_effects",
-                  "attncourse.ablate_heads"),
-          hint="build the model and the test batch exactly as the exercise says, from the seed; measure the loss "
-               "on the second copy once as it is, then once per head with that head's slice of the merged heads "
-               "set to zero before the layer's output projection (a forward pre-hook can do it), and subtract")
-def _ablation():
-    """Zero-ablate each head of a model and measure how much the loss on the repeated half rises, per seed."""
-    return [Case(f"seed {seed}", (seed,), expected=ablation_reference(seed), rtol=1e-4, atol=1e-4)
-            for seed in (0, 1, 2)]

@@ -24,17 +24,40 @@ def _shortcut_online_sink(q, k, v, sink_logits, is_causal=False):
     return online_attention(q, k, v, is_causal=is_causal, sink_logits=sink_logits)[0]
 
 
+def _inputs_dtype(runs) -> str | None:
+    """The output comes back in the inputs' dtype: a float32 answer computed in float64 must be rounded back (the
+    course's rule for every attention: compute where it is safe, return what came in)."""
+    for run in runs:
+        want = run.case.args[0].dtype
+        if isinstance(run.got, torch.Tensor) and run.got.dtype != want:
+            return (f"on case '{run.case.name}' the output is {str(run.got.dtype)[6:]} for {str(want)[6:]} inputs: "
+                    "return it in the inputs' dtype")
+    return None
+
+
+def _breaker_float64_out(q, k, v, sink_logits, is_causal=False):
+    """The right values, computed in float64 and returned in float64 whatever came in."""
+    s = q.double() @ k.double().transpose(-2, -1) / q.shape[-1] ** 0.5  # (..., Tq, Tk)
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+    sink = sink_logits.double().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)  # (B, H, Tq, 1)
+    m = torch.maximum(s.amax(-1, keepdim=True), sink)
+    e = torch.exp(s - m)
+    return (e / (e.sum(-1, keepdim=True) + torch.exp(sink - m))) @ v.double()
+
+
 @exercise("12-sink-logit", "sink_attn", points=2, category="implement",
           forbid=("attncourse.sink_variants.sink_softmax_attention", "attncourse.sink_variants.SinkLogitAttention",
                   "attncourse.sdpa.scaled_dot_product_attention", "attncourse.scaled_dot_product_attention",
                   "torch.nn.functional.scaled_dot_product_attention",
                   "attncourse.online_softmax.online_attention", "attncourse.online_attention",
                   "attncourse.online_softmax.fold_sink_logit", "attncourse.fold_sink_logit"),
-          allow=(), ops=("attention", "softmax", "logsumexp"),
-          prop_doc="a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300 and "
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_inputs_dtype,
+          prop_doc="the output in the inputs' dtype; "
+                   "a closed formula: equal outputs in float64 and float32 (including rows whose scores sit near 300 and "
                    "near 3000, where exponentials without a shift overflow even in float64), causal or not, Tq != Tk, once softmax, logsumexp, "
                    "every fused attention and the package's sink attention are refused",
-          shortcuts=(_shortcut_sink, _shortcut_online_sink),
+          shortcuts=(_shortcut_sink, _shortcut_online_sink), breakers=(_breaker_float64_out,),
           hint="the row's normaliser is the sum of the exponentiated scores plus e^{s_h}; shift every exponent (the "
                "sink's too) by one reference before exponentiating, and block future keys with a score of minus "
                "infinity when asked")
