@@ -277,6 +277,23 @@ def test_padding_mask_fills(tmp_path, monkeypatch):
     accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)
 
 
+def test_padding_mask_accepts_the_logsumexp_spellings(tmp_path, monkeypatch):
+    """The review's route: a right masked softmax written as exp(s - logsumexp(s)) rounds the logsumexp of scores near
+    -3e9 (float64 spacing 4.8e-7 there); it and exp(log_softmax) pass, check cell and grader alike."""
+    def real(scores, lengths):
+        return torch.arange(scores.shape[1]) < lengths[:, None]
+
+    def via_logsumexp(scores, lengths):
+        s = scores.masked_fill(~real(scores, lengths), float("-inf"))
+        return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)).nan_to_num(0.0)
+
+    def via_log_softmax(scores, lengths):
+        return torch.log_softmax(scores.masked_fill(~real(scores, lengths), float("-inf")), -1).exp().nan_to_num(0.0)
+
+    accepted("01-padding-mask", via_logsumexp, tmp_path, monkeypatch)
+    accepted("01-padding-mask", via_log_softmax, tmp_path, monkeypatch)
+
+
 # ----------------------------------------------------------------------------- predictions written as rules
 
 

@@ -105,6 +105,15 @@ def test_general_score_routes(tmp_path, monkeypatch):
         return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
                              for b in range(keys.shape[0])], dtype=query.dtype)
 
+    def formula_vmapped(query, keys, W):  # the review's route: the one-position formula inside vmap
+        return torch.vmap(torch.vmap(lambda s, h: s @ W @ h, in_dims=(None, 0)), in_dims=(0, 0))(query, keys)
+
+    def func_vmap(query, keys, W):  # the same under torch.func's name, one level of batching
+        from torch.func import vmap
+        return vmap(lambda s, h: h @ (W.T @ s))(query, keys)
+
+    refused("02-general-score", formula_vmapped, tmp_path, monkeypatch)  # as 01-additive-score refuses it
+    refused("02-general-score", func_vmap, tmp_path, monkeypatch)
     refused("02-general-score", aten_bilinear, tmp_path, monkeypatch)
     refused("02-general-score", module, tmp_path, monkeypatch)
     refused("02-general-score", double_loop, tmp_path, monkeypatch, why="loop")

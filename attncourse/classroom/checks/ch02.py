@@ -11,7 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
 from . import Case, edits, exercise
-from .ch01 import _no_loop
+from .ch01 import BATCHING_TRANSFORMS, NO_TRANSFORM_DOC, _no_loop
 from .predictions import whole
 
 
@@ -51,6 +51,12 @@ def _shortcut_aten_bilinear(query, keys, W):
     return torch.ops.aten.bilinear(q, keys, W[None], None).squeeze(-1)
 
 
+def _shortcut_vmap(query, keys, W):
+    """The one-position formula s^T W h batched by torch.vmap: refused, as in 01-additive-score (the shapes are the
+    skill)."""
+    return torch.vmap(torch.vmap(lambda s, h: s @ W @ h, in_dims=(None, 0)), in_dims=(0, 0))(query, keys)
+
+
 def _breaker_double_loop(query, keys, W):
     """One score at a time, read out into Python and packed again: right values, not a batched score."""
     return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
@@ -70,13 +76,13 @@ def _breaker_position_loop(query, keys, W):
 
 @exercise("02-general-score", "general_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
-                  "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear"),
+                  "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear", *BATCHING_TRANSFORMS),
           allow=(), ops=("attention", "aten::bilinear", "aten::_trilinear"),
-          shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear),
+          shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear, _shortcut_vmap),
           prop=_no_loop, breakers=(_breaker_double_loop, _breaker_batch_loop, _breaker_position_loop),
           prop_doc="no Python loop: s^T W h_j for every sequence and position as batched products (in whichever "
                    "order they run), so the number of operations does not grow with the batch or the number of "
-                   "source positions",
+                   "source positions, " + NO_TRANSFORM_DOC,
           hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
                "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
                "the batch axis apart from the positions")
