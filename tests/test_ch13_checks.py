@@ -117,6 +117,39 @@ def test_chunked_decay_chunk_loops_refused(tmp_path, monkeypatch):
         assert "number of chunks" in msg, msg
 
 
+def summaries_stepped_in_python(q, k, v, g, initial_state, chunk_size):
+    """Review 12b's route F: every chunk's own part batched in torch, then the chunks' summaries read out once with
+    tolist() and the chunk-to-chunk recurrence stepped on lists: a constant operator count, under the scalar budget."""
+    B, H, T, Dk = q.shape
+    Dv, C = v.shape[-1], chunk_size
+    n = -(-T // C)
+    q, k, v, g = (F.pad(x, (0, 0, 0, n * C - T)).view(B, H, n, C, x.shape[-1]) for x in (q, k, v, g))
+    G = g.cumsum(-2)
+    keep = torch.ones(C, C, dtype=torch.bool).tril()[..., None]
+    diff = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep, -torch.inf)
+    intra = torch.einsum("bhnrd,bhnsd,bhnrsd->bhnrs", q, k, diff.exp()) @ v
+    lam, own = G[..., -1, :].exp().tolist(), ((k * (G[..., -1:, :] - G).exp()).transpose(-2, -1) @ v).tolist()
+    out = []
+    for b, s0 in enumerate(initial_state.tolist()):
+        out.append([])
+        for h, S in enumerate(s0):
+            st = [S]
+            for j in range(n):
+                S = [[lam[b][h][j][c] * S[c][e] + own[b][h][j][c][e] for e in range(Dv)] for c in range(Dk)]
+                st.append(S)
+            out[-1].append(st)
+    states = torch.tensor(out, dtype=q.dtype)
+    return (intra + (q * G.exp()) @ states[:, :, :n]).reshape(B, H, n * C, Dv)[:, :, :T], states
+
+
+def test_chunked_decay_recurrence_on_lists_refused(tmp_path, monkeypatch):
+    """Review 12b, finding 1: the recurrence between chunks stepped in plain Python passed 3/3; the property now
+    counts the numbers read out of the tensors."""
+    msg, graded = refused("13-chunked-decay", summaries_stepped_in_python, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+    assert "read" in msg and "plain Python" in msg, msg
+
+
 def test_chunked_decay_package_output_is_not_an_answer():
     """Review 8: an edited copy of la.chunked passed. The exercise now asks for every boundary state, which the
     package does not return: its (o, final state), however it is computed, is refused by shape."""

@@ -340,6 +340,31 @@ def test_recall_reference_copied_and_constants_refused(tmp_path, monkeypatch):
     failure("14-selection-recall", lambda seed, top_k: (top_k - 1) / 15)  # chance: the needle has signal
 
 
+def gate_on_lists(seed, top_k):
+    """Review 12b's route H, cut to the last query so the test stays fast: the draws in torch, then q and k read out
+    with tolist() and the gate's dot products done on lists (the function takes no tensors, so the guard's read-out
+    budget does not apply). The full gate on lists (every position, /tmp/rv12b/c9.py) reads the same numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(64, 1, 256, 32, generator=gen), torch.randn(64, 1, 256, 32, generator=gen)
+    needle = torch.randint(0, 240, (64,), generator=gen)
+    k[torch.arange(64), 0, needle] += q[:, 0, -1]
+    Q, K, W = q[:, 0, -1].tolist(), k[:, 0].tolist(), needle.tolist()
+    hits = 0
+    for b in range(64):
+        means = [[sum(col) / 16 for col in zip(*K[b][j * 16:(j + 1) * 16])] for j in range(16)]
+        row = [sum(x * y for x, y in zip(Q[b], m)) for m in means]
+        best = sorted(range(15), key=row.__getitem__, reverse=True)[:top_k - 1]
+        hits += W[b] // 16 in set(best + [15])
+    return hits / 64
+
+
+def test_recall_gate_on_lists_refused(tmp_path, monkeypatch):
+    """Review 12b, finding 2: the gate computed in plain Python after q.tolist(), k.tolist() passed 2/2."""
+    msg, graded = refused("14-selection-recall", gate_on_lists, tmp_path, monkeypatch)
+    assert NOT_THE_WAY in msg and NOT_THE_WAY in graded, msg
+    assert "plain Python" in msg, msg
+
+
 # ----------------------------------------------------------------------------- the package's gate, pasted
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from attncourse import linear_attention as la
 from attncourse.recall import memory_recall
 from . import Case, edits, exercise
+from .ch11 import READ_AROUND as _READ_AROUND  # a tensor's numbers reached around the trace's read count
 from .ch13_breakers import (BUGGY_GDN, _breaker_gdn_rewrite, _breaker_chunk_loop, _breaker_gdn_all_chunks_solved_at_once,  # noqa: E402
                             _breaker_gdn_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys,
                             _breaker_token_loop)
@@ -136,6 +137,29 @@ def _no_chunk_loop(runs) -> str | None:
     return None
 
 
+def _read_out(run) -> int:
+    """Numbers the answer read out of its tensors into plain Python: every `tolist()` and storage read (any dtype,
+    ``trace["read"]``) and every `item()`, `float(t)`, `int(t)` or `bool(t)` (one ``_local_scalar_dense`` each)."""
+    trace = run.trace or {}
+    return trace.get("read", 0) + trace.get("counts", {}).get("aten::_local_scalar_dense", 0)
+
+
+_READ_MOST = 32  # numbers per call: a flag or a size, never the per-chunk summaries (48 or more even for one chunk)
+
+
+def _every_chunk_in_torch(runs) -> str | None:
+    """:func:`_no_chunk_loop`, and the chunk-to-chunk recurrence stays in PyTorch: an answer that reads the chunks'
+    summaries out (`tolist()` once) and steps the states from chunk to chunk in plain Python runs a constant number
+    of operators, so the operator count alone does not see its loop; the numbers it reads out do (review 12b)."""
+    for run in runs:
+        T, chunk, n = _chunks(run)
+        if _read_out(run) > _READ_MOST:
+            return (f"case '{run.case.name}': your code read {_read_out(run)} numbers out of its tensors into plain "
+                    f"Python (tolist, item, float) for {n} chunk(s): the states between chunks are computed outside "
+                    "PyTorch; compute them with tensor operations, every chunk at once")
+    return _no_chunk_loop(runs)
+
+
 # ----------------------------------------------------------------------------- 1. chunkwise decayed linear attention
 
 
@@ -212,11 +236,13 @@ _CHUNK_SPECS = ((32, 8), (64, 16), (128, 32), (45, 16), (8, 8), (128, 8))  # (T,
 
 
 @exercise("13-chunked-decay", "chunked_decay_attention", points=3, category="implement",
-          forbid=_PACKAGE_FORMS, allow=(), ops=("attention", "softmax", "logsumexp"),
+          forbid=_PACKAGE_FORMS + _READ_AROUND, allow=(), ops=("attention", "softmax", "logsumexp"),
           shortcuts=(_shortcut_chunked, _shortcut_parallel, _shortcut_segsum, _shortcut_decay_mask),
-          prop=_no_chunk_loop,
+          prop=_every_chunk_in_torch,
           breakers=(_breaker_chunk_loop, _breaker_token_loop, _breaker_quadratic, _breaker_rows_against_all_keys),
-          prop_doc="every chunk at once: the operator count grows neither with the tokens per chunk (T = 32, 64, 128 "
+          prop_doc="every chunk at once, in PyTorch: no more than a few numbers read out of the tensors into "
+                   "plain Python (tolist, item, float: a chunk recurrence stepped on lists is refused), the operator "
+                   "count grows neither with the tokens per chunk (T = 32, 64, 128 "
                    "in 4 chunks) nor with the number of chunks (T = 32 and 128 in chunks of 8), and no tensor relates "
                    "more than a chunk of positions to a chunk or more of others (in any layout: the elements the "
                    "operators take in grow linearly in T at a fixed chunk size)",

@@ -9,6 +9,7 @@ import torch
 
 from attncourse.learned_sparse import moba_gate
 from . import Case, exercise
+from .ch11 import READ_AROUND  # a tensor's numbers reached around the trace's read count
 from .ch14 import _MATMUL, _op
 
 
@@ -86,6 +87,28 @@ def _last_query_only(runs) -> str | None:
     return None
 
 
+# Numbers an honest measurement may read out of its tensors into plain Python: the last query's block scores (64 x 16,
+# for a top-k done on lists) and a few per sequence (needle positions, hits). Scoring in Python needs the block means
+# and the last queries (64 x 16 x 32 + 64 x 32 floats) at least; the whole gate, every query (review 12b's route H).
+_RECALL_READ_MOST = RECALL["n_seq"] * (RECALL["seq_len"] // RECALL["block"] + 4)
+
+
+def _scored_in_torch(runs) -> str | None:
+    """The scores come from PyTorch: no more numbers read out into plain Python (tolist, storage reads, item,
+    float, int: ``trace["read"]`` and one ``_local_scalar_dense`` each) than the last query's block scores and a
+    few per sequence; then :func:`_last_query_only`. The function takes no tensors, so the guard's read-out budget
+    (a share of the arguments' entries) does not apply here: the property counts instead."""
+    for run in runs:
+        trace = run.trace or {}
+        read = trace.get("read", 0) + trace.get("counts", {}).get("aten::_local_scalar_dense", 0)
+        if read > _RECALL_READ_MOST:
+            return (f"case '{run.case.name}': your code read {read:,} numbers out of its tensors into plain Python "
+                    f"(tolist, item, float), more than {_RECALL_READ_MOST:,}: the gate's scores are computed outside "
+                    "PyTorch, where the check cannot see how many positions you scored; score the last query with "
+                    "tensor operations")
+    return _last_query_only(runs)
+
+
 def _recall_shortcut_package(seed, top_k):
     """The package's gate over every query: refused for calling it."""
     n, t, d, block = 64, 256, 32, 16
@@ -124,11 +147,12 @@ def _recall_close(got, expected):
 
 @exercise("14-selection-recall", "selection_recall", points=2, category="experiment",
           forbid=("attncourse.learned_sparse.moba_gate", "attncourse.learned_sparse.mean_pool_blocks",
-                  "attncourse.learned_sparse.selected_work", "attncourse.learned_sparse.blocks_to_mask"),
-          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_last_query_only,
+                  "attncourse.learned_sparse.selected_work", "attncourse.learned_sparse.blocks_to_mask", *READ_AROUND),
+          allow=(), ops=("attention", "softmax", "logsumexp"), prop=_scored_in_torch,
           shortcuts=(_recall_shortcut_package,), breakers=(_recall_breaker_full_gate,),
-          prop_doc="only the last query is scored against the block summaries (no positions x blocks grid, no matrix "
-                   "product over the positions, from the trace)",
+          prop_doc="only the last query is scored against the block summaries, in PyTorch: no positions x blocks "
+                   "grid, no matrix product over the positions (from the trace), and no more numbers read out into "
+                   "plain Python than the last query's block scores and a few per sequence",
           hint="follow the recipe's draws in their order with one generator; the needle is added to one key of "
                "each sequence; then only the last query matters: its own block, and the top_k - 1 best of the "
                "blocks before it by its dot product with each block's mean key")
