@@ -70,7 +70,7 @@ def test_batches() -> tuple[torch.Tensor, torch.Tensor]:
 def measure(model: GPT) -> dict:
     """What section 2 measures, as plain lists: losses per half; weight on BOS (layers, H) over queries 2..L-1 of the
     first copy (sf) and over the second copy (ss), on test and random (rf, rs) sequences; per block the largest
-    batch-mean |activation| of the residual stream over its median (ratio) and the number of entries over 100x."""
+    batch-mean absolute activation of the residual stream over its median (ratio) and the number of entries over 100x."""
     test, rand = test_batches()
     tokens = with_bos(test)
     per_token = F.cross_entropy(model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, 2L)
