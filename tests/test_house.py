@@ -13,8 +13,9 @@ MAX_LINES = 420  # "about 400"
 # The guard is one self-contained source by design: the grader sends that one file into the student's kernel and
 # runs it there, so the check cell and the grader watch with the same code (attncourse.classroom.grading.remote).
 # It grew past 900 lines when it learnt to see NumPy detours and the course's code copied as text, and past 1100
-# with complex numbers, numbers read out into plain Python, autograd's engine, gradients and unprofiled bookkeeping.
-ONE_SOURCE = {"attncourse/classroom/checks/forbidden.py": 1200}
+# with complex numbers, numbers read out into plain Python, autograd's engine, gradients and unprofiled bookkeeping,
+# and past 1200 with numbers read out as text (a repr at full precision) or bytes (torch.save, pickle).
+ONE_SOURCE = {"attncourse/classroom/checks/forbidden.py": 1230}
 
 
 def modules() -> list[Path]:

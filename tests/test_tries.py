@@ -2,6 +2,7 @@
 
 import nbformat
 import pytest
+import torch
 
 from attncourse.classroom import checks
 from attncourse.classroom.checks import CheckFailed, tries
@@ -94,3 +95,50 @@ def test_a_bad_setting_is_refused(monkeypatch):
     monkeypatch.setattr(tries, "_SETTING", "many")
     with pytest.raises(ValueError, match="ATTNCOURSE_PREDICTION_TRIES"):
         tries.limit()
+
+
+BUG = "11-find-the-bug-1"
+
+
+def wrong_fix(n):
+    def fix(*args, **kwargs):
+        return torch.full((1,), float(n))  # a different wrong result each time, as a search over edits gives
+    return fix
+
+
+def test_a_search_over_edits_of_a_find_the_bug_function_is_stopped(limited):
+    """A cold reader passed 11-find-the-bug-1 by swapping names in the given function until the check passed
+    (152 calls); a bug exercise judges tries.BUG_LIMIT different wrong results, then no more."""
+    assert checks.get(BUG).category == "bug"
+    for _ in range(3):  # an edit that raises is told what went wrong and not counted
+        with pytest.raises(CheckFailed) as err:
+            checks.check(BUG, lambda *a, **k: 1 / 0)
+        assert "tries" not in str(err.value)
+    for n in range(tries.BUG_LIMIT):
+        with pytest.raises(CheckFailed) as err:
+            checks.check(BUG, wrong_fix(n))
+        assert f"{n + 1} of {tries.BUG_LIMIT} tries used" in str(err.value) or "last of" in str(err.value)
+    with pytest.raises(CheckFailed, match="different fixes gave wrong results"):
+        checks.check(BUG, wrong_fix(0))
+    assert tries.exhausted("12-find-the-bug-1", "bug") is None  # other exercises keep theirs
+    assert tries.limit("implement") is None and tries.limit("experiment") is None
+
+
+def test_unlimited_lifts_the_bug_limit_too(limited, monkeypatch):
+    monkeypatch.setattr(tries, "_SETTING", "unlimited")
+    for n in range(tries.BUG_LIMIT + 2):
+        with pytest.raises(CheckFailed) as err:
+            checks.check(BUG, wrong_fix(n))
+        assert "tries" not in str(err.value)
+
+
+def test_a_graded_kernel_counts_tries_in_its_own_folder():
+    """The grader runs each submission in a kernel whose ATTNCOURSE_STATE is that submission's temporary folder, so
+    one student's loop over `check` neither uses up another's tries nor writes to the grader's own file."""
+    from attncourse.classroom.grading import notebook
+    from attncourse.classroom.nbtools import kernel_manager
+
+    assert kernel_manager(env={"ATTNCOURSE_STATE": "/tmp/x"}).kernel_spec.env == {"ATTNCOURSE_STATE": "/tmp/x"}
+    assert kernel_manager().kernel_spec.env == {}
+    import inspect
+    assert 'kernel_manager(env={"ATTNCOURSE_STATE"' in inspect.getsource(notebook._run_and_grade)

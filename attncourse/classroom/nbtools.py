@@ -253,9 +253,9 @@ def new_notebook(cells: list, chapter: str) -> nbformat.NotebookNode:
     return nb
 
 
-def kernel_manager():
+def kernel_manager(env: dict[str, str] | None = None):
     """An async kernel manager (what nbclient needs for its timeouts to work) that starts ipykernel with
-    *this* interpreter, whatever kernelspecs are installed."""
+    *this* interpreter, whatever kernelspecs are installed (`env`: variables set for the kernel on top of ours)."""
     import os
 
     from jupyter_client import AsyncKernelManager
@@ -272,7 +272,7 @@ def kernel_manager():
             # machine, started by this process) would otherwise be printed once per notebook
             return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                                     "--IPKernelApp.log_level=ERROR"],
-                              display_name=KERNELSPEC["display_name"], language="python")
+                              display_name=KERNELSPEC["display_name"], language="python", env=dict(env or {}))
 
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvSpecs())
 

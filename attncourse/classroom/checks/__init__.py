@@ -370,8 +370,8 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         answer = caller[ex.target]
     if ex.kind == "function" and not callable(answer):
         raise CheckFailed(f"✗ {ex.id}: `{ex.target}` should be a function, got {_describe(answer)}")
-    spent = tries.exhausted(ex.id) if ex.category == "predict" else None
-    if spent:  # a prediction's tries are used up: judging more answers would make it a search (see .tries)
+    spent = tries.exhausted(ex.id, ex.category)
+    if spent:  # a prediction's or a fix's tries are used up: judging more answers would make it a search (.tries)
         raise CheckFailed(spent)
     cases = ex.make_cases()
     runs = []
@@ -393,8 +393,9 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         detail = feedback(ex, got, case)
         if detail:
             failure = _failure(ex, case, detail, diagnose(ex, got, case))
-            if ex.category == "predict" and not tries.is_form_error(detail):
-                failure = CheckFailed(f"{failure}\n  {tries.record(ex.id, tries.fingerprint(case.name, got))}".rstrip())
+            if ex.category in ("predict", "bug") and not tries.is_form_error(detail):
+                note = tries.record(ex.id, tries.fingerprint(case.name, got), ex.category)
+                failure = CheckFailed(f"{failure}\n  {note}".rstrip())
             raise failure from None
     detail = judge_property(ex, runs)
     if detail:

@@ -728,6 +728,9 @@ class Guard:
                 if not launched and not self._inside_allowed(frame.f_back):
                     fam = next((f for f in self.families if pkg in PACKAGES.get(f, ())), None)
                     self._hit(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}", self._where(frame.f_back), fam)
+            elif kind == "torch" and self.scalar_budget is not None and code.co_name in ("format", "save") and \
+                    code.co_filename.endswith(("_tensor_str.py", "serialization.py")):  # numbers as text or bytes
+                self._read_out(*_as_text_or_bytes(code, frame), frame.f_back)
             elif kind == "torch" and (self.scalar_budget is not None or self.tracing) and \
                     code.co_name in ("tolist", "__getitem__") and code.co_filename.endswith("storage.py"):  # bytes read
                 owner = frame.f_locals.get("self")
@@ -1119,6 +1122,21 @@ AUTOGRAD = {"torch.autograd.grad", "torch.autograd.backward", "torch.Tensor.back
 SCALAR_FLOOR = 256  # numbers an answer may always read out of its tensors (loop bounds, indices, a few flags)
 
 
+def _as_text_or_bytes(code, frame):
+    """(numbers, name) for a tensor's numbers leaving PyTorch as text or bytes: one per number a printed tensor shows
+    when printing shows more than its default 4 digits (a repr parsed back is a read-out; a default print while
+    debugging is not), every entry of what ``torch.save`` writes (pickling a tensor calls it too)."""
+    import torch
+
+    if code.co_name == "format":  # torch._tensor_str._Formatter.format: one number of a printed tensor
+        opts = torch._tensor_str.PRINT_OPTS
+        return int(opts.precision > 4 or bool(opts.sci_mode)), "Tensor.__repr__ (a tensor printed at over 4 digits)"
+    obj = frame.f_locals.get("obj")
+    if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
+        return getattr(obj, "_untyped_storage", obj).nbytes() // 4, "torch.save (or pickle: a tensor's bytes)"
+    return _entries([obj]), "torch.save (or pickle: a tensor's bytes)"
+
+
 def _entries(items):
     """The number of tensor entries among `items` (lists, tuples and dicts opened)."""
     import torch
@@ -1159,9 +1177,8 @@ def run(answer, args, kwargs, pol, namespace=None):
     backward = bool(kwargs.pop(BACKWARD, False))
     guard = Guard(pol, namespace, stop=True)
     if "numpy" in guard.families:  # an answer judged by what it runs in PyTorch: its numbers stay there, bar a few
-        entries = _entries(args) + _entries(list(kwargs.values()))  # (indices, counts, a value per block)
-        if entries:
-            guard.scalar_budget = max(SCALAR_FLOOR, entries // 4)
+        entries = _entries(args) + _entries(list(kwargs.values()))  # (indices, counts, a value per block); an
+        guard.scalar_budget = max(SCALAR_FLOOR, entries // 4)  # answer that builds its own tensors: the floor
     stream = pol.get("stream")
     chunks = None
     if stream:

@@ -1,4 +1,5 @@
 """A prediction is a commitment: after three different wrong predictions, the check stops judging the exercise.
+A find-the-bug exercise gets :data:`BUG_LIMIT` different wrong results for the same reason (see below).
 
 A prediction check answers one bit ("right" or "not right"), and a wrong answer is judged as a whole
 (:mod:`.predictions`) so that it never says which part is off. One bit per try is still a search: a loop over a
@@ -7,6 +8,12 @@ in seconds, without a single prediction. So a prediction exercise gets :data:`LI
 that its check says so and judges no more, in this kernel and in later ones (the count is kept in a small file,
 :func:`state_file`). A wrong answer tried again is not counted twice, and an answer of the wrong form (a list
 where a tuple of shapes is asked, a missing key) is not counted at all: the check says what is wrong with its form.
+
+A find-the-bug check says which case is wrong and how, so a search over small edits of the given function (swap one
+name for another until the check passes: a cold reader passed 11-find-the-bug-1 with 152 calls) finds the fix
+without finding the bug. A bug exercise therefore gets :data:`BUG_LIMIT` different wrong results: enough to
+correct a slip, not enough for a search. An edit that raises, or that gives the right result the wrong way, is told
+and not counted.
 
 The grader does not read the file: it judges the answer the notebook hands in, in a kernel of its own, where a loop
 that calls ``check`` meets the same limit. The course's own tests set ``ATTNCOURSE_PREDICTION_TRIES=unlimited``
@@ -27,6 +34,7 @@ from typing import Any
 import torch
 
 LIMIT = 3
+BUG_LIMIT = 8  # different wrong results a find-the-bug check judges (see above); the setting's "unlimited" lifts it
 _ENV = "ATTNCOURSE_PREDICTION_TRIES"  # a number of tries, or "unlimited"
 _STATE_ENV = "ATTNCOURSE_STATE"  # the folder of the count's file (default: ~/.cache/attncourse)
 _FORM = ("expected ", "your dict has no entry")  # how a message about an answer's form begins
@@ -39,13 +47,15 @@ _STATE_ROOT = os.environ.get(_STATE_ENV, "")
 DEMO = {"01-predict-shapes": "a47b3643804c0240"}
 
 
-def limit() -> int | None:
-    """The number of different wrong predictions an exercise allows (None: no limit), from the environment."""
+def limit(category: str = "predict") -> int | None:
+    """The number of different wrong answers an exercise of `category` allows (None: no limit): a prediction's from
+    the environment (default :data:`LIMIT`), a find-the-bug exercise's :data:`BUG_LIMIT` unless that says
+    "unlimited"; other categories have none."""
     value = _SETTING.strip().lower()
-    if value in ("", "default"):
-        return LIMIT
-    if value in ("unlimited", "none", "0"):
+    if category not in ("predict", "bug") or value in ("unlimited", "none", "0"):
         return None
+    if category == "bug" or value in ("", "default"):
+        return BUG_LIMIT if category == "bug" else LIMIT
     try:
         n = int(value)
     except ValueError:
@@ -112,23 +122,28 @@ def is_form_error(detail: str) -> bool:
     return detail.startswith(_FORM)
 
 
-def exhausted(exercise_id: str) -> str | None:
+def exhausted(exercise_id: str, category: str = "predict") -> str | None:
     """The message a check shows instead of judging, once `exercise_id` has used its tries; else None."""
-    n = limit()
+    n = limit(category)
     if n is None:
         return None
     spent = used(exercise_id)
     if len(spent) < n:
         return None
+    if category == "bug":
+        return (f"✗ {exercise_id}: {len(spent)} different fixes gave wrong results, so this check judges no more "
+                f"answers to it (a further try would be a search over edits, not a diagnosis). Find the line that "
+                f"is wrong by reading the function against the lesson, and test your fix on your own inputs; the "
+                f"grader judges the answer your notebook hands in.")
     return (f"✗ {exercise_id}: {len(spent)} different predictions were not right, so this check judges no more "
             f"answers to it (a further try would be a search, not a prediction). Work the answer out from the "
             f"hint and the lesson; the grader judges the answer your notebook hands in.")
 
 
-def record(exercise_id: str, fp: str) -> str:
+def record(exercise_id: str, fp: str, category: str = "predict") -> str:
     """Count the wrong answer `fp` for `exercise_id` (once per different answer); return the line the learner sees
     about the tries left."""
-    n = limit()
+    n = limit(category)
     if n is None or DEMO.get(exercise_id) == fp:
         return ""
     _SEEN.setdefault(exercise_id, set()).add(fp)
@@ -140,6 +155,9 @@ def record(exercise_id: str, fp: str) -> str:
     left = max(0, n - spent)
     if left == 0:
         return f"that was the last of {n} tries: this check will not judge another answer to this exercise"
+    if category == "bug":
+        return (f"{spent} of {n} tries used: after {n} different wrong results this check stops judging this "
+                f"exercise, so find the bug rather than trying edits")
     return (f"{spent} of {n} tries used: after {n} different wrong predictions this check stops judging "
             f"this exercise, so work the answer out rather than trying values")
 

@@ -132,8 +132,8 @@ def _run_and_grade(nb, exercises, hidden, cell_timeout, timeout, deadline, salt,
     from nbclient.exceptions import DeadKernelError
 
     with tempfile.TemporaryDirectory(prefix="attncourse-grade-") as tmp:
-        km = kernel_manager()
-        client = make_client(nb, cell_timeout, km, tmp)
+        km = kernel_manager(env={"ATTNCOURSE_STATE": str(Path(tmp) / "state")})  # a loop over `check` in a
+        client = make_client(nb, cell_timeout, km, tmp)  # submission counts its tries here, not in the grader's file
         index, ex = None, None
         try:
             with running(client, km):
