@@ -17,6 +17,8 @@ from .remote import KERNEL_SIDE
 from .results import (MAX_NOTEBOOK_BYTES, SOLUTIONS, ExerciseResult, NotebookResult, chapter_in_text,
                       chapter_of)
 from .session import KernelStuck, Session, execute, is_check_cell, make_client, run_extra, running
+from .watch import UNWATCH_SIDE, exercises_reached, watch_source
+from .watch import message as reached_message
 
 LOUD_BYTES = 1_000_000  # printed output above this is mentioned in the notebook's message
 
@@ -138,6 +140,8 @@ def _run_and_grade(nb, exercises, hidden, cell_timeout, timeout, deadline, salt,
         try:
             with running(client, km):
                 session = Session(client, Path(tmp), cell_timeout, deadline, salt)
+                hits = Path(tmp) / "checker-calls.txt"  # cells that call the checks' own code (see .watch)
+                run_extra(client, watch_source(hits), cell_timeout)
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type != "code" or is_check_cell(cell) or index in skip:
                         continue  # the grader runs its own checks, not the submission's check cells
@@ -155,9 +159,13 @@ def _run_and_grade(nb, exercises, hidden, cell_timeout, timeout, deadline, salt,
                         stopped.append((index, f"ran over {limit:g} s and was interrupted"))
                     cell.outputs = []
                 index = None
+                run_extra(client, UNWATCH_SIDE, cell_timeout)
+                reached = exercises_reached(hits, exercises)
                 run_extra(client, KERNEL_SIDE, cell_timeout)
                 for ex in exercises:
-                    if ex.id not in graded:
+                    if ex.id in reached:
+                        graded[ex.id] = ExerciseResult(ex.id, 0.0, ex.points, "failed", reached_message(reached[ex.id]))
+                    elif ex.id not in graded:
                         graded[ex.id] = session.grade(ex, hidden.get(ex.id, ()))
                 ex = None
         except (DeadKernelError, KernelStuck) as err:
