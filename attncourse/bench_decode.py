@@ -19,8 +19,10 @@ from .gpt import GPT, GPTConfig
 
 @torch.no_grad()
 def time_per_token(model: GPT, context_len: int, n_new: int = 8, *, use_cache: bool, repeats: int = 3,
-                   batch_size: int = 1) -> float:
-    """Best-of-`repeats` seconds per generated token after a prompt of `context_len` tokens.
+                   batch_size: int = 1, best_step: bool = False) -> float:
+    """Best-of-`repeats` seconds per generated token after a prompt of `context_len` tokens: the fastest run's
+    mean over its `n_new` steps, or with ``best_step=True`` the fastest single step of all runs, each step
+    timed on its own (on a loaded machine a run of several steps is rarely free of preemption; one step often is).
 
     Only the decode steps are timed (the prefill runs once before the clock starts, in both modes).
     """
@@ -35,34 +37,45 @@ def time_per_token(model: GPT, context_len: int, n_new: int = 8, *, use_cache: b
         logits = model(prompt, caches)  # prefill, not timed
         start = time.perf_counter()
         for _ in range(n_new):
+            step_start = time.perf_counter()
             nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
             seq = torch.cat([seq, nxt], dim=1)
             logits = model(nxt, caches) if use_cache else model(seq)
-        best = min(best, (time.perf_counter() - start) / n_new)
+            if best_step:
+                best = min(best, time.perf_counter() - step_start)
+        if not best_step:
+            best = min(best, (time.perf_counter() - start) / n_new)
     return best
 
 
-def decode_speedup_runs(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3) -> dict[int, tuple]:
+def decode_speedup_runs(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3, *,
+                        best_step: bool = False) -> dict[int, tuple]:
     """{length: ([seconds/token without cache, one per run], [with cache, one per run])}: `repeats` runs, the
     cached and uncached runs alternating so that a change in the machine's load hits both (run i of each list
-    were timed next to each other, so their ratio is run i's speed-up)."""
+    were timed next to each other, so their ratio is run i's speed-up). Each entry is the run's mean step, or its
+    fastest step with ``best_step=True`` (:func:`time_per_token`)."""
     _validate.positive_int("repeats", repeats)
     runs = {length: ([], []) for length in lengths}
     for _ in range(repeats):
         for length in lengths:
-            runs[length][0].append(time_per_token(model, length, n_new, use_cache=False, repeats=1))
-            runs[length][1].append(time_per_token(model, length, n_new, use_cache=True, repeats=1))
+            for mode, use_cache in ((0, False), (1, True)):
+                runs[length][mode].append(time_per_token(model, length, n_new, use_cache=use_cache, repeats=1,
+                                                         best_step=best_step))
     return runs
 
 
 def decode_speedups(model: GPT, lengths: list[int], n_new: int = 8, repeats: int = 3, *,
-                    runs: dict | None = None) -> dict[int, tuple]:
-    """{length: (seconds/token without cache, with cache, speed-up)} for each context length: the median of
-    `repeats` runs (:func:`decode_speedup_runs`, or its result passed as `runs`)."""
+                    runs: dict | None = None, stat: str = "median") -> dict[int, tuple]:
+    """{length: (seconds/token without cache, with cache, speed-up)} for each context length: the median
+    (``stat="median"``) or the fastest (``stat="min"``, best of N: the run least disturbed by the machine's load)
+    of `repeats` runs (:func:`decode_speedup_runs`, or its result passed as `runs`)."""
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
     runs = decode_speedup_runs(model, lengths, n_new, repeats) if runs is None else runs
     out = {}
     for length, (slow, fast) in runs.items():
-        slow, fast = float(torch.tensor(slow).median()), float(torch.tensor(fast).median())
+        pick = (lambda t: t.median()) if stat == "median" else (lambda t: t.min())
+        slow, fast = float(pick(torch.tensor(slow))), float(pick(torch.tensor(fast)))
         out[length] = (slow, fast, slow / fast)
     return out
 

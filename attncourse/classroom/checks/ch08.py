@@ -99,6 +99,9 @@ def _merge_many():
     add("every chunk empty in every row: (-inf, 0), not NaN", [torch.full((3, 4), NEG_INF, dtype=torch.float64)] * 4)
     add("maxima near 1e4 in float32 (exp(m) would overflow)",
         [_randn(gen, 3, 5, dtype=torch.float32) * 100 + 1e4 for _ in range(5)], rtol=1e-5, atol=1e-5)
+    # 2 x 4 x 160 = 1,280 numbers in: more than the guard lets an answer read out into plain Python
+    add("4 chunks of a (160, .) block: too many states to read out and loop over",
+        [_randn(gen, 160, n, scale=3) for n in (5, 8, 3, 6)])
     return cases
 
 
@@ -278,6 +281,9 @@ def _merge_bug():
     s_a[1, 2] = s_b[1, 2] = NEG_INF  # ... row 2 of batch 1 sees no key at all: the empty state (-inf, 0, 0)
     add("a row that sees no key in either half: (-inf, 0, 0), not NaN", s_a, _randn(gen, 2, 5, dv), s_b,
         _randn(gen, 2, 4, dv))
+    # (4, 16) rows, 2 x (2 + 16) numbers each = 2,304 in: more than the guard lets an answer read out
+    add("batched (4, 16) rows of 16-wide values: too many to read out and loop over", _randn(gen, 4, 16, 6),
+        _randn(gen, 4, 6, 16), _randn(gen, 4, 16, 5) + 1, _randn(gen, 4, 5, 16))
     return cases
 
 
