@@ -10,7 +10,8 @@ value for the question's query, not how well a model reads.
 :func:`needle_batch` places the asked pair at a chosen depth; :func:`needle_cell` scores one cell for a cache
 policy at a fixed budget of keys per head: ``"full"``, ``"window"`` (the newest `budget` prompt keys, cut after the
 prefill), ``"h2o"`` (the heavy hitters of the prefill's summed attention and the newest key,
-:func:`~attncourse.kv_compress.h2o_keep`), ``"snapkv"`` (the question's vote, :func:`~attncourse.kv_compress.snapkv_keep`, cut after the prefill) or
+:func:`~attncourse.kv_compress.h2o_keep`), ``"snapkv"`` (the question's vote,
+:func:`~attncourse.kv_compress.snapkv_keep`, cut after the prefill) or
 ``"quest"`` (nothing evicted; the answer's query reads ``budget // page_size - 1`` pages by Quest's bound besides
 its own, :func:`~attncourse.quest.quest_eval`).
 """
