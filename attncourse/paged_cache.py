@@ -24,7 +24,7 @@ from .sdpa import compute_dtype as _compute_dtype
 
 _NEG_INF = float("-inf")
 
-__all__ = ["PagedKVCache", "PagedSequence", "paged_attention", "MemoryWaste", "memory_waste"]
+__all__ = ["PagedKVCache", "PagedSequence", "paged_attention", "paged_varlen_attention", "MemoryWaste", "memory_waste"]
 
 
 class PagedKVCache:
@@ -239,6 +239,33 @@ def paged_attention(query: torch.Tensor, cache: PagedKVCache, seq_ids: list[int]
             m = m_new
         out[row] = (acc / l[..., None]).reshape(h, tq, d).to(query.dtype)  # every query sees key 0: l > 0
     return out
+
+
+def paged_varlen_attention(query: torch.Tensor, query_lens: list[int], cache: PagedKVCache, seq_ids: list[int], *,
+                           scale: float | None = None, pages_per_step: int = 1) -> torch.Tensor:
+    """One mixed step of a server that chunks its prefills: prompt chunks and decode tokens in one flat batch.
+
+    query (N, H, D): the new tokens of every sequence in `seq_ids`, concatenated (vLLM's and FlashInfer's "varlen"
+    layout: sequence r owns rows ``sum(query_lens[:r]) ...`` of length ``query_lens[r]``, a chunk of its prompt or 1
+    decode token). Each sequence's new tokens are its last ``query_lens[r]`` tokens, already appended to the cache, so
+    a chunk reads every earlier chunk through the block table and itself under a bottom-right causal mask. Each
+    sequence runs :func:`paged_attention`'s page loop with its own query length, as a unified kernel does within one
+    launch. Returns (N, H, D). Raises ValueError for lengths that do not add up to N or exceed a sequence."""
+    _validate.tensor("query", query, min_rank=3, floating=True)
+    if query.dim() != 3:
+        raise ValueError(f"query must be (N tokens, H, D), got {tuple(query.shape)}")
+    if not isinstance(query_lens, (list, tuple)) or len(query_lens) != len(seq_ids) or not query_lens:
+        raise ValueError(f"query_lens must list one length per sequence ({len(seq_ids)}), got {query_lens!r}")
+    for n in query_lens:
+        _validate.positive_int("query_lens entry", n)
+    if sum(query_lens) != query.shape[0]:
+        raise ValueError(f"query_lens must add up to the N={query.shape[0]} query rows, got {list(query_lens)}")
+    out, start = [], 0
+    for seq, n in zip(seq_ids, query_lens):
+        q = query[start:start + n].transpose(0, 1)[None]  # (n, H, D) -> (1, H, n, D)
+        out.append(paged_attention(q, cache, [seq], scale=scale, pages_per_step=pages_per_step)[0].transpose(0, 1))
+        start += n
+    return torch.cat(out, 0)  # (N, H, D)
 
 
 @dataclass(frozen=True)

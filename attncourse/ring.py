@@ -133,13 +133,15 @@ def _wait(requests, stats: dict, key: str = "wait_s") -> None:
 
 class RingAttentionFunction(torch.autograd.Function):
     """Autograd node of ring attention: the forward ring, and a backward ring where dK and dV travel after their
-    blocks. ``apply(q, k, v, is_causal, scale, layout, group, stats, overlap)`` with q, k, v (N, T_r, D) in the
-    compute dtype, a float scale, a dict `stats` that both passes fill (bytes sent, counted at the call; pairs
-    scored; seconds blocked waiting for transfers) and `overlap`: start each transfer before the compute that
-    can run beside it (True), or wait for it at once (False, the serial baseline)."""
+    blocks. ``apply(q, k, v, is_causal, scale, layout, group, stats, overlap, grad_dtype)`` with q, k, v (N, T_r, D)
+    in the compute dtype, a float scale, a dict `stats` that both passes fill (bytes sent, counted at the call; pairs
+    scored; seconds blocked waiting for transfers), `overlap`: start each transfer before the compute that
+    can run beside it (True), or wait for it at once (False, the serial baseline), and `grad_dtype`: the dtype dK and
+    dV are accumulated and sent in (None: the blocks' own; ring-flash-attention uses float32 for bfloat16 blocks,
+    so that the gradient sums are not rounded at every hop). dK and dV are returned in K's and V's dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, layout, group, stats, overlap=True):
+    def forward(ctx, q, k, v, is_causal, scale, layout, group, stats, overlap=True, grad_dtype=None):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         chunks = ring_chunks(world, layout)
@@ -166,7 +168,7 @@ class RingAttentionFunction(torch.autograd.Function):
                 kv = incoming
         out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1)  # (N, T_r, Dv), (N, T_r)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (is_causal, scale, layout, group, stats, overlap)
+        ctx.config = (is_causal, scale, layout, group, stats, overlap, grad_dtype)
         ctx.set_materialize_grads(False)
         stats.setdefault("bytes_sent", 0)
         stats["pairs_scored"] = pairs
@@ -179,7 +181,7 @@ class RingAttentionFunction(torch.autograd.Function):
         # transfer runs beside the next step's compute. The block I hold at step s belongs to rank - s; its
         # gradients reach rank - s + 1, which holds that block at step s + 1 and adds its share on arrival.
         q, k, v, out, lse = ctx.saved_tensors
-        is_causal, scale, layout, group, stats, overlap = ctx.config
+        is_causal, scale, layout, group, stats, overlap, grad_dtype = ctx.config
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         chunks = ring_chunks(world, layout)
@@ -195,7 +197,7 @@ class RingAttentionFunction(torch.autograd.Function):
                 if not overlap:
                     _wait(kv_requests, stats, "wait_s_backward")
             k_blk, v_blk = kv[..., :d], kv[..., d:]
-            dkv = torch.zeros_like(kv)  # (N, T_r, D + Dv): my queries' share of this block's dK, dV
+            dkv = torch.zeros_like(kv, dtype=grad_dtype or kv.dtype)  # (N, T_r, D + Dv): my queries' share of dK, dV
             for i, j, diag in _pairs(mine, chunks[src], is_causal):
                 qs, ks = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
                 g = flash_attention_backward(q[:, qs], k_blk[:, ks], v_blk[:, ks], out[:, qs], lse[:, qs], d_out[:, qs],
@@ -218,7 +220,7 @@ class RingAttentionFunction(torch.autograd.Function):
                 kv = kv_in
         if dkv_requests is not None:  # the last send brings each block's gradients home
             _wait(dkv_requests, stats, "wait_s_backward")
-        return dq, dkv_in[..., :d], dkv_in[..., d:], None, None, None, None, None, None
+        return dq, dkv_in[..., :d].to(k.dtype), dkv_in[..., d:].to(v.dtype), None, None, None, None, None, None, None
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attncourse.classroom import checks
+from attncourse.classroom.checks.ch11_ring import ring_bytes_measured
 from exercise_routes import accepted, refused as refused_by_both
 from test_exercise_standard import as_learner
 
@@ -192,6 +193,25 @@ def test_merge_ranks(tmp_path, monkeypatch):
 
     refused("11-merge-ranks", reference, tmp_path, monkeypatch, because="called attncourse.classroom")
 
+    def read_out(out_a, lse_a, out_b, lse_b):  # every number read out into Python, then the formula in loops
+        d = out_a.shape[-1]
+        rows = zip(out_a.reshape(-1, d).tolist(), lse_a.reshape(-1).tolist(), out_b.reshape(-1, d).tolist(),
+                   lse_b.reshape(-1).tolist())
+        outs, lses = [], []
+        for oa, la, ob, lb in rows:
+            if la == lb == -math.inf:
+                outs.append([0.0] * d)
+                lses.append(-math.inf)
+                continue
+            m = max(la, lb)
+            wa, wb = math.exp(la - m), math.exp(lb - m)
+            outs.append([(wa * x + wb * y) / (wa + wb) for x, y in zip(oa, ob)])
+            lses.append(m + math.log(wa + wb))
+        return (torch.tensor(outs, dtype=out_a.dtype).reshape(out_a.shape),
+                torch.tensor(lses, dtype=lse_a.dtype).reshape(lse_a.shape))
+
+    refused("11-merge-ranks", read_out, tmp_path, monkeypatch, because="read")
+
 
 # ----------------------------------------------------------------------------- 4. the paged ALiBi bug
 
@@ -284,16 +304,18 @@ def test_paged_alibi_bug(tmp_path, monkeypatch):
 
 
 def test_ring_bytes_prediction(tmp_path, monkeypatch):
-    def counted(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):
-        block = batch * n_kv_heads * (seq_len // world_size) * head_dim * bytes_per_element
-        backward = 4 * (world_size - 1) * block + 2 * block
-        return backward, backward + 2 * (world_size - 1) * block
+    def counted(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element, grad_bytes):
+        block = batch * n_kv_heads * (seq_len // world_size) * head_dim  # elements of one (B, Hkv, T/W, D) block
+        forward = 2 * (world_size - 1) * block * bytes_per_element  # K and V, W - 1 sends
+        backward = forward + 2 * world_size * block * grad_bytes  # K and V again; dK and dV W times
+        return backward, forward + backward
 
     checks.check("11-ring-bytes", counted)
 
-    def checker_measurement(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):  # the checker's
+    def checker_measurement(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element, grad_bytes):
         from attncourse.classroom.checks.ch11_ring import ring_bytes_measured
-        forward, backward = ring_bytes_measured(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)
+        forward, backward = ring_bytes_measured(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element,
+                                                grad_bytes)
         return backward, forward + backward
 
     refused("11-ring-bytes", checker_measurement, tmp_path, monkeypatch, because="called attncourse")
@@ -305,12 +327,24 @@ def test_ring_bytes_prediction(tmp_path, monkeypatch):
     assert "def ring_backward_bytes" not in inspect.getsource(ch11) + inspect.getsource(ch11_ring)
     assert "RingAttentionFunction.backward" in inspect.getsource(ch11_ring.ring_bytes_measured)
 
-    def forward_twice(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element):  # "about twice"
+    def forward_twice(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element, grad_bytes):
         block = batch * n_kv_heads * (seq_len // world_size) * head_dim * bytes_per_element
         return 4 * (world_size - 1) * block, 6 * (world_size - 1) * block
 
-    with pytest.raises(checks.CheckFailed, match="prediction is not right"):
-        checks.check("11-ring-bytes", forward_twice)
+    def fitted(dtype_of):  # the law fitted to the lesson's one-dtype runs (4 (W - 1) + 2 blocks), in one dtype
+        def fit(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element, grad_bytes):
+            block = batch * n_kv_heads * (seq_len // world_size) * head_dim
+            backward = (4 * (world_size - 1) + 2) * block * dtype_of(bytes_per_element, grad_bytes)
+            return backward, backward + 2 * (world_size - 1) * block * bytes_per_element
+        return fit
+
+    for wrong in (forward_twice, fitted(lambda kv, g: kv), fitted(lambda kv, g: g)):
+        with pytest.raises(checks.CheckFailed, match="prediction is not right"):
+            checks.check("11-ring-bytes", wrong)
+    # what the ring sends, counted by hand: 2 ranks, blocks of 1 head x 2 positions x 4 dims (8 elements); K, V in
+    # bfloat16 once forward and once backward (32 bytes each), dK, dV in float32 twice (2 x 2 x 8 x 4 = 128 bytes)
+    assert ring_bytes_measured(1, 1, 4, 4, 2, 2, 4) == (32, 32 + 128)
+    assert ring_bytes_measured(1, 1, 4, 4, 2, 2) == (32, 32 + 64)  # one dtype for all
 
 
 # ----------------------------------------------------------------------------- 6. the chunking experiment

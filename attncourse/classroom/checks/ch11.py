@@ -20,7 +20,8 @@ from .ch11_given import FIX_PAGED, _breaker_rewrite_paged
 from .ch11_ring import ring_bytes_measured
 
 # The configuration of the prediction: a 128k-token prompt over 8 ranks, a LLaMA-3-8B-like layer in bfloat16.
-RING_CONFIG = dict(batch=1, n_kv_heads=8, seq_len=131072, head_dim=128, world_size=8, bytes_per_element=2)
+RING_CONFIG = dict(batch=1, n_kv_heads=8, seq_len=131072, head_dim=128, world_size=8, bytes_per_element=2,
+                   grad_bytes=4)
 
 
 # ----------------------------------------------------------------------------- 1. tile states from a dense mask
@@ -226,6 +227,9 @@ def _merge_ranks():
     empty = torch.full((2,), float("-inf"), dtype=torch.float64)
     add("both empty: zeros and -inf, not NaN", torch.zeros(2, 3, dtype=torch.float64), empty,
         torch.zeros(2, 3, dtype=torch.float64), empty)
+    # a layer's worth (4 heads x 64 rows x 8 dims, 4,608 numbers in all): more than an answer may read out into
+    # plain Python (a quarter of its inputs), so a tolist-and-loops detour is refused, as a merge on tensors is not
+    add("4 heads, 64 query rows, head dim 8", r(4, 64, 8), r(4, 64), r(4, 64, 8), r(4, 64))
     return cases
 
 
@@ -327,14 +331,16 @@ def _paged_alibi_cases():
                "then see what changes at the last step")
 def _ring_bytes():
     """Predict (backward bytes per rank, forward + backward bytes per rank) of a ring training step, as a function
-    of (batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element)."""
+    of (batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element, grad_bytes): K and V travel in
+    `bytes_per_element` bytes, dK and dV in `grad_bytes` (ring-flash-attention's bfloat16 blocks, float32 gradients).
+    With two dtypes, a law fitted to runs in one dtype cannot say which sends are gradients: only the count can."""
     gen = torch.Generator().manual_seed(15)  # two more layers, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
-    configs = [("B=1, Hkv=8, T=131072, D=128, W=8, bfloat16 (the exercise's layer)", RING_CONFIG)]
-    for _ in range(2):
+    configs = [("B=1, Hkv=8, T=131072, D=128, W=8, K/V bfloat16, dK/dV float32 (the exercise's layer)", RING_CONFIG)]
+    for kv_bytes, grad_bytes in ((4, 8), (2, 2)):  # other mixtures, and one dtype for all
         w = pick(2, 9)
         cfg = dict(batch=pick(1, 4), n_kv_heads=2 ** pick(0, 3), seq_len=w * 64 * pick(1, 64), head_dim=32 * pick(1, 4),
-                   world_size=w, bytes_per_element=2 * pick(1, 2))
+                   world_size=w, bytes_per_element=kv_bytes, grad_bytes=grad_bytes)
         configs.append((", ".join(f"{k}={v}" for k, v in cfg.items()), cfg))
     cases = []
     for name, cfg in configs:

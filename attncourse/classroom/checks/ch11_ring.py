@@ -81,15 +81,17 @@ def _stand_ins(world_size: int, rank: int):
 
 
 def ring_bytes_measured(batch, n_kv_heads, seq_len, head_dim, world_size, bytes_per_element,
-                        rank: int = 0) -> tuple[int, int]:
+                        grad_bytes: int | None = None, rank: int = 0) -> tuple[int, int]:
     """(forward bytes, backward bytes) that `rank` hands to ``dist.isend`` in one training step of ring attention
-    (contiguous layout, causal, K, V, dK and dV all of `bytes_per_element` bytes: 2 bfloat16, 4 float32, 8 float64)."""
+    (contiguous layout, causal; K and V of `bytes_per_element` bytes, dK and dV accumulated and sent in `grad_bytes`
+    bytes, the same when None: 2 bfloat16, 4 float32, 8 float64)."""
     n, t_r = batch * n_kv_heads, seq_len // world_size
     q, k, v = (torch.empty(n, t_r, head_dim, dtype=_DTYPES[bytes_per_element], device="meta") for _ in range(3))
+    grad_dtype = None if grad_bytes is None else _DTYPES[grad_bytes]
     stats: dict = {}
     ctx = _Ctx()
     with _stand_ins(world_size, rank):
         out, lse = _ring.RingAttentionFunction.forward(ctx, q, k, v, True, head_dim ** -0.5, "contiguous", None,
-                                                       stats, True)
+                                                       stats, True, grad_dtype)
         _ring.RingAttentionFunction.backward(ctx, torch.zeros_like(out), None)
     return stats["bytes_sent"], stats["bytes_sent_backward"]
