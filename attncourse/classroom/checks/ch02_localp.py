@@ -42,9 +42,9 @@ def _shortcut_module(queries, keys, lengths, W, W_p, v_p, window):
                    "sequence, a predicted position near either end), and two cases ask for the gradients of all five "
                    "tensors for one fixed upstream gradient: W_p and v_p learn only through the Gaussian's pull on "
                    "p_t, so a rounded or detached position fails there, as does anything computed outside PyTorch",
-          hint="follow eq. 9 for p_t with S the row's own length (lengths[b], not T); compare |j - p_t| with D to "
-               "know which positions are in the window; take the general score's softmax over those positions only "
-               "(and over no padding); then multiply by the Gaussian with sigma = D / 2, without renormalising")
+          hint="for a padded row, which length does eq. 9 scale the sigmoid by: the row's, or the batch's T? Which "
+               "positions does the softmax run over, and which get no weight at all? How wide is the Gaussian, in "
+               "terms of D, and does the paper renormalise the weights after multiplying by it?")
 def _local_p():
     """Luong et al.'s local-p attention weights (eqs. 9-10) for a batch of queries over padded keys."""
     gen = torch.Generator().manual_seed(23)
