@@ -136,21 +136,44 @@ def test_additive_score_routes(tmp_path, monkeypatch):
     accepted("01-additive-score", _scores, tmp_path, monkeypatch)
 
 
+def _moves_rule(alpha=1.0, beta=1.0):  # the split argument, and a scale of 0 on either side leaves no interaction
+    both = alpha != 0 and beta != 0
+    return {"tanh": both, "linear": False, "relu": both, "separate": False, "product": both}
+
+
 def test_query_influence_prediction_is_judged_whole(tmp_path, monkeypatch):
-    right = {"tanh": True, "linear": False, "relu": True, "separate": False, "product": True}
-    accepted("01-query-influence-predict", lambda: dict(right), tmp_path, monkeypatch)
+    accepted("01-query-influence-predict", _moves_rule, tmp_path, monkeypatch)
+    right = _moves_rule()
     for flip in right:  # one part wrong: told only that the prediction is wrong
-        cell, (status, message) = _verdicts("01-query-influence-predict", lambda: {**right, flip: not right[flip]},
+        cell, (status, message) = _verdicts("01-query-influence-predict",
+                                            lambda a, b, flip=flip: {**_moves_rule(a, b), flip: not right[flip]},
                                             tmp_path, monkeypatch)
         assert cell is not None and "not right" in cell and status == "failed" and flip not in cell.split("hint")[0]
-    cell, _ = _verdicts("01-query-influence-predict", lambda: {**right, "tanh": 1}, tmp_path, monkeypatch)
+    cell, _ = _verdicts("01-query-influence-predict", lambda a, b: {**right, "tanh": 1}, tmp_path, monkeypatch)
     assert "True or False" in cell  # the form is explained
 
-    def measured():  # computing the answer inside the prediction: refused
+    def measured(alpha, beta):  # computing the answer inside the prediction: refused
         w = torch.softmax(torch.randn(3, 4), -1)
         return {name: bool(w.std() > 0) for name in right}
 
     refused("01-query-influence-predict", measured, tmp_path, monkeypatch)
+
+
+def test_query_influence_prediction_is_not_handed_out(tmp_path, monkeypatch):
+    """Cold review 13: the answer was a zero-argument reference in the check module, callable from another cell.
+    The answer is now a rule of two scales the grader draws: a table of the check cell's own cases (what a notebook
+    can build from the registry), falling back on the alpha = beta = 1 answer, passes that cell and fails the grader;
+    the measurement is refused inside the answer."""
+    from attncourse.classroom.checks.ch01_influence import _moves
+    from test_salting import SALT, _grader
+
+    ex = checks.get("01-query-influence-predict")
+    table = {c.args: c.expected for c in ex.make_cases()}  # top-level code, unguarded
+    looked_up = _as_cell(lambda alpha, beta: dict(table.get((alpha, beta), table[(1.0, 1.0)])))
+    checks.check(ex.id, looked_up)  # the check cell is fooled: it uses the fixed seeds
+    assert _grader(ex, looked_up, SALT, tmp_path, monkeypatch)[0] == "failed"
+    assert _grader(ex, _as_cell(_moves_rule), SALT, tmp_path, monkeypatch)[0] == "passed"
+    refused("01-query-influence-predict", lambda a, b: _moves(a, b), tmp_path, monkeypatch)
 
 
 def test_find_the_bug_routes(tmp_path, monkeypatch):

@@ -19,9 +19,7 @@ SALT = 20261128
 # Exercises whose cases take no seed (fixed sizes or hand-written inputs): salting cannot change them, so a table
 # of their expected values would still answer the grader. None is left: every exercise draws at least some of its
 # cases from a seed. The test below fails when an exercise joins this list, so that joining it stays a decision.
-# a prediction asked once, about the lesson's five score variants: no input to draw (its 32 possible answers are
-# judged as a whole, none told apart by the feedback)
-FIXED_CASES: set[str] = {"01-query-influence-predict"}
+FIXED_CASES: set[str] = set()
 
 
 def test_every_seeding_route_is_mixed_and_restored():

@@ -10,7 +10,7 @@ import torch
 
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
 from attncourse.sdpa import safe_softmax
-from . import Case, edits, exercise, forbidden
+from . import Case, edits, exercise, forbidden, graphs
 from .predictions import whole
 
 
@@ -21,18 +21,14 @@ def _additive(gen: torch.Generator, b: int, t: int, dq: int, dk: int, a: int):
     w_q = torch.randn(a, dq, generator=gen, dtype=torch.float64) / dq**0.5
     w_k = torch.randn(a, dk, generator=gen, dtype=torch.float64) / dk**0.5
     v = torch.randn(a, generator=gen, dtype=torch.float64)
-    return (q, k, w_q, w_k, v), _module(w_q, w_k, v)
+    return (q, k, w_q, w_k, v), _held(w_q, w_k, v)
 
 
-def _module(w_q: torch.Tensor, w_k: torch.Tensor, v: torch.Tensor) -> AdditiveAttention:
-    """An AdditiveAttention (float64) holding these weights."""
-    a, dq = w_q.shape
-    ref = AdditiveAttention(dq, w_k.shape[1], a).double()
-    with torch.no_grad():
-        ref.query_proj.weight.copy_(w_q)
-        ref.key_proj.weight.copy_(w_k)
-        ref.v.weight.copy_(v[None])
-    return ref
+def _held(w_q, w_k, v) -> AdditiveAttention:
+    """An AdditiveAttention (float64) holding these very tensors (not copies), so that gradients reach them."""
+    with torch.random.fork_rng(devices=[]):  # building a module draws from the global generator: keep the learner's
+        blank = AdditiveAttention(w_q.shape[1], w_k.shape[1], w_q.shape[0]).double()
+    return graphs.holding(blank, {"query_proj": w_q, "key_proj": w_k, "v": v[None]})
 
 
 SIZES = {  # name: (B, T, Dq, Dk, A)
@@ -46,18 +42,14 @@ SIZES = {  # name: (B, T, Dq, Dk, A)
 
 
 def _shortcut_module(query, keys, W_q, W_k, v):
-    """The package's module with the same weights: must be refused."""
-    with torch.no_grad():
-        return _module(W_q, W_k, v).score(query, keys)
+    """The package's module holding the same weights: must be refused."""
+    return _held(W_q, W_k, v).score(query, keys)
 
 
 def _shortcut_concat(query, keys, W_q, W_k, v):
     """Luong's concat score with the two matrices side by side: the same function, must be refused."""
     concat = LuongAttention(W_q.shape[1], W_k.shape[1], "concat", hidden_size=W_q.shape[0]).double()
-    with torch.no_grad():
-        concat.W.weight.copy_(torch.cat([W_q, W_k], dim=1))
-        concat.v.weight.copy_(v[None])
-        return concat.score(query, keys)
+    return graphs.holding(concat, {"W": torch.cat([W_q, W_k], dim=1), "v": v[None]}).score(query, keys)
 
 
 def arithmetic(trace) -> int:
@@ -112,10 +104,13 @@ def _shortcut_vmap(query, keys, W_q, W_k, v):
 
 @exercise("01-additive-score", "additive_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
-                  *BATCHING_TRANSFORMS),
+                  *BATCHING_TRANSFORMS, *graphs.NO_CUSTOM_GRADIENT),
           allow=(), ops=("attention",), shortcuts=(_shortcut_module, _shortcut_concat, _shortcut_vmap),
-          prop=_no_loop, prop_doc="no Python loop and no batching transform: the number of operations does not grow "
-                                  "with the batch or the number of source positions, " + NO_TRANSFORM_DOC,
+          prop=graphs.apart(_no_loop),
+          prop_doc="no Python loop and no batching transform: the number of operations does not grow "
+                   "with the batch or the number of source positions, " + NO_TRANSFORM_DOC + "; and two cases ask "
+                   "for the gradients of all five inputs, which must match autograd's on the reference (an output "
+                   "computed outside PyTorch, from numbers read out of the tensors, carries no gradient)",
           breakers=(_breaker_double_loop, _breaker_position_loop, _breaker_batch_loop),
           hint="project the query once and every key once, then let broadcasting pair each query projection with "
                "all T key projections (give the query a length-one axis where the keys have T); squash, then read "
@@ -129,6 +124,11 @@ def _additive_score():
         args, ref = _additive(gen, *size)
         with torch.no_grad():
             cases.append(Case(name, args, expected=ref.score(args[0], args[1]), rtol=1e-8, atol=1e-10))
+    for at, size in ((3, (2, 5, 4, 6, 3)), (None, (6, 16, 4, 6, 3))):  # training differentiates the scores (graphs)
+        args, _ = _additive(gen, *size)
+        cases.insert(len(cases) if at is None else at, graphs.backward_case(
+            f"the backward pass: gradients of query, keys, W_q, W_k and v (B={size[0]}, T={size[1]})", args,
+            lambda q, k, w_q, w_k, v: _held(w_q, w_k, v).score(q, k)))
     return cases
 
 
@@ -138,7 +138,7 @@ def _additive_score():
 def _shortcut_bug_module(query, keys, W_q, W_k, v):
     """The package's module with the weights copied in: the fix without finding the bug, refused."""
     with torch.no_grad():
-        return _module(W_q, W_k, v)(query, keys)
+        return _held(W_q, W_k, v)(query, keys)
 
 
 # The given function exactly as the exercise notebook shows it (tests/test_edits.py compares the two).
@@ -279,13 +279,14 @@ def _one_masked_softmax(runs) -> str | None:
 @exercise("01-padding-mask", "masked_softmax", points=2, category="implement",
           forbid=("attncourse.sdpa.safe_softmax", "attncourse.rnn_attention.attend",
                   "attncourse.rnn_attention.AdditiveAttention", "attncourse.rnn_attention.LuongAttention",
-                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention"),
+                  "torch.nn.functional.scaled_dot_product_attention", "attncourse.sdpa.scaled_dot_product_attention",
+                  *graphs.NO_CUSTOM_GRADIENT),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
                          "aten::_sparse_log_softmax",  # and torch.masked's softmax family, judged by name:
                          "aten::masked_log_softmax", "aten::masked_softmin", *NESTED_OPS),
           shortcuts=(_shortcut_attend, _shortcut_safe_softmax, _shortcut_aten_safe_softmax, _shortcut_masked_softmax,
                      _shortcut_masked_api, _shortcut_sparse, _shortcut_fused),
-          prop=_one_masked_softmax, breakers=(_breaker_row_loop, _breaker_length_loop),
+          prop=graphs.apart(_one_masked_softmax), breakers=(_breaker_row_loop, _breaker_length_loop),
           prop_doc="a batched masked softmax (the operator count does not grow with the batch, the number of "
                    "distinct lengths or the positions: a loop taking one softmax per row's real scores, which needs no "
                    "mask, is refused; so are nested (ragged) tensors, which do the ragged part for you), and output "
@@ -293,7 +294,9 @@ def _one_masked_softmax(runs) -> str | None:
                    "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
                    "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
                    "allowed, the masking and the empty row are the skill. A finite fill far below every score "
-                   "(-1e30) followed by zeroing the empty rows is a right answer in float64: it decides the empty row, which is the point",
+                   "(-1e30) followed by zeroing the empty rows is a right answer in float64: it decides the empty "
+                   "row, which is the point. Two cases ask for the gradient of the scores too (autograd's on the "
+                   "reference, zero at the padding): weights computed outside PyTorch carry none",
           hint="compare a row of positions with each sequence's length to know which scores are real; give the "
                "others a score no exponential can lift above zero, wherever the real scores of the row lie. Then ask "
                "what a softmax does to a row in which "
@@ -323,6 +326,12 @@ def _masked_softmax():
         # tolerance there admits every standard spelling, and a wrong fill is still off by a factor, not by 1e-6
         rtol = 2e-6 if isinstance(shift, list) and min(shift) < -1e6 else 1e-8
         cases.append(Case(name, (scores, lengths_t), expected=expected, rtol=rtol, atol=1e-10))
+    for b, t in ((3, 5), (16, 12)):  # training differentiates the weights: two sizes (see graphs), no empty row
+        args = torch.randn(b, t, generator=gen, dtype=torch.float64) * 3, torch.randint(1, t + 1, (b,), generator=gen)
+        pad = torch.arange(t) >= args[1][:, None]  # (B, T)
+        cases.insert(3 if b == 3 else len(cases), graphs.backward_case(
+            f"the backward pass: the gradient of the scores ({b} x {t}, lengths {args[1].tolist()})", args,
+            lambda s, _, pad=pad: torch.softmax(s.masked_fill(pad, float("-inf")), -1)))
     return cases
 
 

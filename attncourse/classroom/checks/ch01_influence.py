@@ -34,33 +34,44 @@ def variant_weights_reference(queries, keys, W_q, W_k, v):
     return tuple(torch.softmax(scores[name], dim=-1) for name in VARIANTS)  # over the T positions
 
 
-def query_moves_weights_reference() -> dict:
-    """For each variant of VARIANTS, whether the query changes the weights: measured on drawn queries and keys."""
+def _moves(alpha: float, beta: float) -> dict:
+    """For each variant of VARIANTS with q = alpha W_q s and k_j = beta W_k h_j, whether the query changes the
+    weights: measured on queries and keys drawn here (there is no table of answers to look up)."""
     gen = torch.Generator().manual_seed(99)
     queries, keys = torch.randn(40, 8, generator=gen, dtype=torch.float64), torch.randn(9, 8, generator=gen,
                                                                                          dtype=torch.float64)
     w_q, w_k = (torch.randn(6, 8, generator=gen, dtype=torch.float64) / 8**0.5 for _ in range(2))
     v = torch.randn(6, generator=gen, dtype=torch.float64)
-    tables = variant_weights_reference(queries, keys, w_q, w_k, v)
+    tables = variant_weights_reference(alpha * queries, beta * keys, w_q, w_k, v)
     return {name: _weight_spread(w) > 1e-9 for name, w in zip(VARIANTS, tables)}
 
 
 @exercise("01-query-influence-predict", "query_moves_weights", points=1, category="predict", parts=VARIANTS,
-          forbid=("attncourse.classroom.checks.ch01_influence.variant_weights_reference",),
+          forbid=("attncourse.classroom.checks.ch01_influence.variant_weights_reference",
+                  "attncourse.classroom.checks.ch01_influence._moves"),
           allow=(), ops=("torch", "numpy"),
-          prop_doc="the prediction is five yes-or-no answers written down before any weights are computed (the "
-                   "function may run no tensor or NumPy operation), judged as a whole: 32 possible answers, none "
-                   "told apart from another by the feedback",
+          prop_doc="the prediction is a rule: five yes-or-no answers as a function of two scales (alpha on the "
+                   "query's projection, beta on the keys'), written down before any weights are computed (the "
+                   "function may run no tensor or NumPy operation), judged as a whole at alpha = beta = 1 and at "
+                   "scales drawn from a seed, 0 on one side in two cases (the grader draws other scales, so a table "
+                   "of the check cell's answers does not answer it); feedback never says which variant is wrong",
           hint="write each variant's score as a part that depends on the query alone plus a part that depends on "
                "position j alone, if you can: what does a softmax do with a number added to every score of a row? "
                "For the variants where no such split exists, ask whether the query can change which position scores "
-               "highest")
+               "highest; then ask what a scale of 0 on either side leaves of each score")
 def _query_influence_predict():
-    """Predict, before measuring, for which of the five score variants the query can change the weights."""
-    return [Case("for each variant, can the query change the weights (True or False)?", (),
-                 expected=query_moves_weights_reference(),
-                 compare=whole("a dict with True or False for each of " + ", ".join(repr(v) for v in VARIANTS),
-                               kind="flags"))]
+    """Predict, before measuring, for which score variants the query can change the weights, as a function of a
+    scale alpha on the query's projection and beta on the keys'."""
+    gen = torch.Generator().manual_seed(15)  # the scales are drawn (a salted grader draws others)
+
+    def scale() -> float:  # a size in [0.3, 2], either sign
+        size = float(torch.empty(()).uniform_(0.3, 2.0, generator=gen))
+        return -size if int(torch.randint(0, 2, (), generator=gen)) else size
+
+    pairs = [(1.0, 1.0), (scale(), scale()), (0.0, scale()), (scale(), 0.0)]
+    form = whole("a dict with True or False for each of " + ", ".join(repr(v) for v in VARIANTS), kind="flags")
+    return [Case(f"for each variant, can the query change the weights (True or False), with alpha = {a:.4g} and "
+                 f"beta = {b:.4g}?", (a, b), expected=_moves(a, b), compare=form) for a, b in pairs]
 
 
 @exercise("01-query-influence", "variant_weights", points=2, category="experiment",

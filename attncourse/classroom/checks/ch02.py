@@ -10,7 +10,7 @@ import torch
 
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, score_parameter_count
 from attncourse.sdpa import scaled_dot_product_attention
-from . import Case, edits, exercise
+from . import Case, edits, exercise, graphs
 from .ch01 import BATCHING_TRANSFORMS, NO_TRANSFORM_DOC, _no_loop
 from .predictions import whole
 
@@ -25,16 +25,15 @@ def _qk(gen: torch.Generator, b: int, t: int, dq: int, dk: int):
 
 
 def _general_module(w: torch.Tensor) -> LuongAttention:
-    ref = LuongAttention(w.shape[0], w.shape[1], "general").double()
-    with torch.no_grad():
-        ref.W.weight.copy_(w)
-    return ref
+    """A general-score LuongAttention (float64) holding `w` itself, so that gradients reach it."""
+    with torch.random.fork_rng(devices=[]):  # building a module draws from the global generator: keep the learner's
+        blank = LuongAttention(w.shape[0], w.shape[1], "general").double()
+    return graphs.holding(blank, {"W": w})
 
 
 def _shortcut_module(query, keys, W):
-    """The package's general score with the same W: must be refused."""
-    with torch.no_grad():
-        return _general_module(W).score(query, keys)
+    """The package's general score holding the same W: must be refused."""
+    return _general_module(W).score(query, keys)
 
 
 def _shortcut_bilinear(query, keys, W):
@@ -58,9 +57,9 @@ def _shortcut_vmap(query, keys, W):
 
 
 def _breaker_double_loop(query, keys, W):
-    """One score at a time, read out into Python and packed again: right values, not a batched score."""
-    return torch.tensor([[float(query[b] @ W @ keys[b, j]) for j in range(keys.shape[1])]
-                         for b in range(keys.shape[0])], dtype=query.dtype)
+    """One score at a time, stacked again: right values and gradients, not a batched score."""
+    return torch.stack([torch.stack([query[b] @ W @ keys[b, j] for j in range(keys.shape[1])])
+                        for b in range(keys.shape[0])])
 
 
 def _breaker_batch_loop(query, keys, W):
@@ -76,13 +75,16 @@ def _breaker_position_loop(query, keys, W):
 
 @exercise("02-general-score", "general_scores", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LuongAttention", "attncourse.rnn_attention.AdditiveAttention",
-                  "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear", *BATCHING_TRANSFORMS),
+                  "torch.nn.functional.bilinear", "torch.bilinear", "torch.nn.Bilinear", *BATCHING_TRANSFORMS,
+                  *graphs.NO_CUSTOM_GRADIENT),
           allow=(), ops=("attention", "aten::bilinear", "aten::_trilinear"),
           shortcuts=(_shortcut_module, _shortcut_bilinear, _shortcut_aten_bilinear, _shortcut_vmap),
-          prop=_no_loop, breakers=(_breaker_double_loop, _breaker_batch_loop, _breaker_position_loop),
+          prop=graphs.apart(_no_loop), breakers=(_breaker_double_loop, _breaker_batch_loop, _breaker_position_loop),
           prop_doc="no Python loop: s^T W h_j for every sequence and position as batched products (in whichever "
                    "order they run), so the number of operations does not grow with the batch or the number of "
-                   "source positions, " + NO_TRANSFORM_DOC,
+                   "source positions, " + NO_TRANSFORM_DOC + "; and two cases ask for the gradients of query, keys "
+                   "and W, which must match autograd's on the reference (a score computed outside PyTorch, from "
+                   "numbers read out of the tensors, carries no gradient)",
           hint="the matrix sits between the query and each key: it can be applied to the one query per sequence "
                "instead of to the T keys (which is cheaper?), after which each score is a plain dot product. Keep "
                "the batch axis apart from the positions")
@@ -101,6 +103,11 @@ def _general():
         w = torch.randn(dq, dk, generator=gen, dtype=torch.float64)
         with torch.no_grad():
             cases.append(Case(name, (q, k, w), expected=_general_module(w).score(q, k), rtol=1e-8, atol=1e-10))
+    for b, t, dq, dk in ((2, 5, 3, 7), (6, 16, 3, 7)):  # training differentiates the scores: two sizes (see graphs)
+        args = (*_qk(gen, b, t, dq, dk), torch.randn(dq, dk, generator=gen, dtype=torch.float64))
+        cases.insert(3 if b == 2 else len(cases), graphs.backward_case(
+            f"the backward pass: gradients of query, keys and W (B={b}, T={t})", args,
+            lambda q, k, w: _general_module(w).score(q, k)))
     return cases
 
 
