@@ -1,6 +1,7 @@
 """The grader notices a cell that calls the checks' own code (attncourse.classroom.grading.watch): cold review 13
 of chapters 00-02 passed 01-query-influence-predict (check cell and grader, 1/1) with the answer computed in another
-cell by the check module's reference."""
+cell by the check module's reference (the exercise is now a rule judged on drawn scales, but the measurement behind
+its check stays importable)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ def test_an_answer_taken_from_the_checkers_reference_gets_no_points(tmp_path):
     _minimal(nb, (PREDICT, "01-padding-mask"))
     answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{PREDICT}-answer")
     answer.source = ("import attncourse.classroom.checks.ch01_influence as ref_module\n"
-                     "ANS = getattr(ref_module, 'query_moves_weights_' + 'reference')()\n"
-                     "def query_moves_weights():\n    return dict(ANS)\n")
+                     "ANS = getattr(ref_module, '_mo' + 'ves')(1.0, 1.0)  # the check's measurement, in a cell\n"
+                     "def query_moves_weights(alpha, beta):\n    return dict(ANS)\n")
     path = tmp_path / SOLUTION.name
     nbformat.write(nb, path)
     result = grade.grade_notebook(path)
     by_id = {e.id: e for e in result.exercises}
-    assert by_id[PREDICT].points == 0 and "query_moves_weights_reference" in by_id[PREDICT].message, by_id[PREDICT]
+    assert by_id[PREDICT].points == 0 and "ch01_influence._moves" in by_id[PREDICT].message, by_id[PREDICT]
     assert by_id["01-padding-mask"].status == "passed", by_id["01-padding-mask"]  # another module's exercise
 
 
@@ -52,6 +53,6 @@ def test_the_exercise_notebooks_only_import_what_they_are_given():
 def test_exercises_reached_maps_a_module_to_its_exercises(tmp_path):
     hits = tmp_path / "hits.txt"
     assert watch.exercises_reached(hits, checks.exercises_for("01")) == {}
-    hits.write_text("attncourse.classroom.checks.ch01_influence ch01_influence.query_moves_weights_reference\n")
+    hits.write_text("attncourse.classroom.checks.ch01_influence ch01_influence._moves\n")
     reached = watch.exercises_reached(hits, checks.exercises_for("01"))
     assert PREDICT in reached and "01-padding-mask" not in reached
