@@ -41,11 +41,13 @@ SETTINGS = {"softpick": ("softpick", "end"), "softmax_1": ("softmax_1", "end"),
 
 
 def anywhere_tokens(batch_size: int, seq_len: int, vocab_size: int, *, min_len: int = 4, p_none: float = 0.2,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None, return_copies: bool = False
+                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, seq_len) random tokens in which a segment of L_b ~ U{min_len .. seq_len // 2} tokens is repeated: the
     second copy starts at r ~ U{L_b .. T - L_b}, the first at s ~ U{0 .. r - L_b}; a row has no repeat with
     probability `p_none`. Drawing the second copy first spreads it over the row (drawing s first would crowd it
-    at the end): every position from min_len on can hold a second copy, a first copy or neither."""
+    at the end): every position from min_len on can hold a second copy, a first copy or neither.
+    With `return_copies`, also the (B, seq_len) bool masks of the first and of the second copies' positions."""
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("vocab_size", vocab_size),
                     ("min_len", min_len)):
         _validate.positive_int(name, v)
@@ -62,7 +64,9 @@ def anywhere_tokens(batch_size: int, seq_len: int, vocab_size: int, *, min_len: 
     pos = torch.arange(seq_len)  # (T,)
     second = (pos >= again[:, None]) & (pos < (again + lens)[:, None]) & keep[:, None]  # (B, T)
     src = (pos - again[:, None] + start[:, None]).clamp(0, seq_len - 1)  # (B, T): where the second copy reads
-    return torch.where(second, tokens.gather(1, src), tokens)
+    tokens = torch.where(second, tokens.gather(1, src), tokens)  # (B, T)
+    first = (pos >= start[:, None]) & (pos < (start + lens)[:, None]) & keep[:, None]  # (B, T)
+    return (tokens, first, second) if return_copies else tokens
 
 
 def probe_batches(batch_size: int = 256, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
