@@ -5,12 +5,13 @@ r"""Two controls for lesson 12's attention-only model (section 1's data, section
 the last four positions always has. :func:`position_probe` puts a 6-token segment and its repeat in positions
 0..11 (then 12 random tokens) or in positions 12..23 (after 12 random tokens) and reads the loss on the repeat and
 the weight on key 0 at the same positions with and without a repeat to read. :func:`anywhere_tokens` is data that
-takes the confound away: both copies at random offsets, and a fifth of the rows with no repeat at all.
+loosens the confound: the second copy starts anywhere from its length on, the first copy anywhere before it, and a
+fifth of the rows repeat nothing.
 
-**Two more answers to sinks, trained.** ``"softpick"`` (Zuhri et al. 2025, ReLU(e^x - 1) over sum |e^x - 1|) and
+**Two more answers to sinks, trained.** ``"softpick"`` (Zuhri et al. 2025, :func:`~attncourse.sink_fixes.softpick`) and
 ``"softmax_1"`` (Miller 2023: gpt-oss's sink logit frozen at 0) in section 3's harness, 3 seeds.
 
-``python -m attncourse.sink_controls [NAME ...]`` trains the 15 runs of :data:`SETTINGS` (or those named; about 5
+``python -m attncourse.sink_controls [NAME ...]`` trains the 15 runs of ``SETTINGS`` (or those named; about 5
 minutes of CPU in two processes) and stores what :func:`read` measures in ``notebooks/results/ch12_controls.json``,
 and seed 0's weights of each setting in ``ch12_controls_seed0.pt``.
 """
