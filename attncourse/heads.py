@@ -27,7 +27,7 @@ from .mha import MultiHeadAttention
 from .variants import DifferentialAttention, SigmoidAttention
 
 ATTENTIONS = ("softmax", "sigmoid", "differential", "sink_logit", "gated", "gated_headwise", "gated_value",
-              "attn_bias")
+              "attn_bias", "softpick", "softmax_1")
 
 
 # ----------------------------------------------------------------------------- data
@@ -102,6 +102,9 @@ def _attention_layer(c: AttnOnlyConfig, layer: int) -> nn.Module:
         from .sink_variants import GatedAttention
         gate = {"gated": "elementwise", "gated_headwise": "headwise", "gated_value": "value"}[c.attention]
         return GatedAttention(c.d_model, c.n_heads, gate=gate)
+    if c.attention in ("softpick", "softmax_1"):  # Zuhri et al. 2025; Miller 2023 (= the sink logit frozen at 0)
+        from .sink_fixes import SoftmaxOneAttention, SoftpickAttention
+        return (SoftpickAttention if c.attention == "softpick" else SoftmaxOneAttention)(c.d_model, c.n_heads)
     if c.attention == "attn_bias":  # Sun et al. 2024's explicit attention bias (chapter 12)
         from .variant_claims import AttnBiasAttention
         return AttnBiasAttention(c.d_model, c.n_heads, init_seed=layer)

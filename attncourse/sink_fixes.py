@@ -24,9 +24,12 @@ from __future__ import annotations
 import torch
 
 from . import _validate
+from .mha import MultiHeadAttention, merge_heads, repeat_kv
 from .sdpa import causal_mask, compute_dtype
+from .sink_variants import SinkLogitAttention
 
-__all__ = ["softpick", "softpick_attention", "qk_norm_attention", "softcap_attention", "ssmax_attention"]
+__all__ = ["softpick", "softpick_attention", "qk_norm_attention", "softcap_attention", "ssmax_attention",
+           "SoftpickAttention", "SoftmaxOneAttention"]
 
 
 def _check(query, key, value) -> None:
@@ -63,13 +66,20 @@ def softpick(x: torch.Tensor, dim: int = -1, *, eps: float = 1e-6) -> torch.Tens
     return torch.relu(shifted) / (shifted.abs().sum(dim=dim, keepdim=True) + eps * torch.exp(-m))
 
 
-def softpick_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
+def softpick_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attn_mask: torch.Tensor | None = None, *, is_causal: bool = False,
                        scale: float | None = None, eps: float = 1e-6, return_weights: bool = False):
-    """Attention with :func:`softpick` in place of softmax. Returns (B, H, Tq, Dv) (and the weights)."""
+    """Attention with :func:`softpick` in place of softmax. `attn_mask`: bool, True = may attend, broadcastable to
+    (B, H, Tq, Tk). Returns (B, H, Tq, Dv) (and the weights)."""
     _check(query, key, value)
     scores, keep = _scores(query, key, scale, is_causal)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        _validate.tensor("attn_mask", attn_mask)
+        if attn_mask.dtype != torch.bool:
+            raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
     return _finish(softpick(scores, -1, eps=eps), value, return_weights)
 
 
@@ -130,3 +140,27 @@ def qk_norm_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     return _finish(torch.softmax(scores, -1), value, return_weights)
+
+
+class SoftpickAttention(MultiHeadAttention):
+    """:class:`~attncourse.MultiHeadAttention` with :func:`softpick` in place of softmax (Zuhri et al. 2025), a
+    drop-in layer of lesson 12's attention-only model (``AttnOnlyConfig(attention="softpick")``).
+    ``forward(x, *, attn_mask=None, is_causal=False, return_weights=False)``: self-attention only."""
+
+    def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> (B, T, d_model) [, weights (B, H, T, T)]."""
+        q, k, v = self.project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
+        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)  # (B, H, T, D)
+        out, weights = softpick_attention(q, k, v, attn_mask, is_causal=is_causal, return_weights=True)
+        out = self.o_proj(merge_heads(out))  # (B, H, T, D) -> (B, T, d_model)
+        return (out, weights) if return_weights else out
+
+
+class SoftmaxOneAttention(SinkLogitAttention):
+    """Miller's (2023) softmax_1, :math:`e^{x_i} / (1 + \\sum_j e^{x_j})`: gpt-oss's sink logit frozen at 0 (the
+    parameter ``sinks`` stays, all zeros, with ``requires_grad=False``, so an optimiser never moves it)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, bias: bool = False):
+        super().__init__(d_model, n_heads, n_kv_heads, bias=bias)
+        self.sinks.requires_grad_(False)
