@@ -157,6 +157,32 @@ def test_masked_attention_refuses_magic_fills(tmp_path, monkeypatch):
     accepted("03-masked-attention", fill(lambda dt: torch.finfo(dt).min, True), tmp_path, monkeypatch)
 
 
+def test_masked_attention_refuses_a_float16_softmax(tmp_path, monkeypatch):
+    """Review 13: a softmax computed wholly in float16 (a safe max, no upcast) passed every case; scores past 65,504
+    now give it NaN, whether it scales before or after the product, while float32 scores scaled first still pass."""
+    def softmax_in(dtype, scale_first=False):
+        def masked_attention(q, k, v, keep):
+            qq, kk = q.to(dtype), k.to(dtype)
+            s = (qq * q.shape[-1] ** -0.5) @ kk.mT if scale_first else qq @ kk.mT / math.sqrt(q.shape[-1])
+            s = s.masked_fill(~keep, float("-inf"))
+            top = s.amax(-1, keepdim=True)
+            e = (s - torch.where(torch.isfinite(top), top, 0.0)).exp()
+            z = e.sum(-1, keepdim=True)
+            return (e / torch.where(z > 0, z, 1.0)).to(v.dtype) @ v
+        return masked_attention
+
+    half = lambda q: q.dtype if q.dtype == torch.float16 else torch.float64  # noqa: E731
+    for scale_first in (False, True):
+        def no_upcast(q, k, v, keep, scale_first=scale_first):
+            return softmax_in(half(q), scale_first)(q, k, v, keep)
+        msg, _ = _verdicts("03-masked-attention", no_upcast, tmp_path, monkeypatch)
+        assert msg is not None and "above float16's largest finite number (65,504)" in msg, msg
+
+    def upcast_scale_first(q, k, v, keep):
+        return softmax_in(torch.float64 if q.dtype == torch.float64 else torch.float32, True)(q, k, v, keep)
+    accepted("03-masked-attention", upcast_scale_first, tmp_path, monkeypatch)
+
+
 def test_variance_experiment_routes(tmp_path, monkeypatch):
     def closed_form(d_k, std, n, seed):
         return float(d_k * std**4)
@@ -280,12 +306,13 @@ def test_masked_attention_backward_cell(tmp_path, monkeypatch):
         e = (s - s.amax(-1, keepdim=True)).exp()
         return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0).to(v.dtype) @ v
 
-    def selected(q, k, v, keep):
-        s = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+    def selected(q, k, v, keep):  # float32 at least too: half-precision scores pass 65,504 in one case
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        s = (q.to(work) @ k.to(work).mT / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
         top = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
         e = (s - top).exp()
         z = e.sum(-1, keepdim=True)
-        return (e / torch.where(z > 0, z, 1.0)) @ v
+        return (e / torch.where(z > 0, z, 1.0)).to(v.dtype) @ v
 
     with pytest.raises(checks.CheckFailed, match="the gradient of q: .* NaN"):  # the forward alone is right
         checks.check("03-masked-attention", additive_then_nan_to_num)

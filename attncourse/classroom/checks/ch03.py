@@ -255,8 +255,8 @@ def _masked_by_one_pass(q, k, v, keep):
                      _masked_by_aten_safe_softmax, _masked_by_log_softmax, _masked_by_one_pass),
           prop_doc="output equality is the property, gradients included: exact zeros for blocked keys and fully "
                    "blocked rows, the gradients of q, k and v of one case finite and equal to PyTorch's (a NaN-free "
-                   "forward whose backward is NaN fails), finite in "
-                   "float16, wherever the allowed scores lie (two cases put one head's allowed scores below -1e4 in "
+                   "forward whose backward is NaN fails), finite in float16 also where scores pass 65,504, "
+                   "wherever the allowed scores lie (two cases put one head's allowed scores below -1e4 in "
                    "float16 and below -1e9 in float32, so a fill that is only large next to scores near 0 fails); "
                    "the guard refuses every softmax and attention kernel, so the softmax is the learner's",
           hint="blocked keys must get a weight of exactly zero; follow a row whose every key is blocked through "
@@ -297,6 +297,13 @@ def _masked():
                           f"(a fill of {fill} is not below them)", (qf, kf, vf, keep),
                           expected=scaled_dot_product_attention(qf, kf, vf, keep),
                           rtol=2e-3 if dtype == torch.float16 else 1e-5, atol=2e-3 if dtype == torch.float16 else 1e-6))
+    # float16 scores past 65,504 even after scaling: a float16 product or softmax gives NaN (the tolerance is
+    # float32's rounding near 1e5: scaling q before the product is 1.6e-2 off). Scores near 400 * 700 / sqrt(8):
+    qf, kf, vf, keep = q.to(torch.float16), k.to(torch.float16), v.to(torch.float16), torch.ones(2, 2, 4, 6).bool()
+    qf[0, 1, :, 0], kf[0, 1, :, 0], keep[0, 1, :, 4:], keep[1, 0, 2] = 400.0, 700.0, False, False  # copies of q, k
+    top = float((qf[0, 1].float() @ kf[0, 1].float().mT).max() / 8**0.5)
+    cases.append(Case(f"float16: one head's scores near {top:,.0f}, above float16's largest finite number (65,504)",
+                      (qf, kf, vf, keep), expected=scaled_dot_product_attention(qf, kf, vf, keep), rtol=3e-2, atol=3e-2))
     # training runs the backward pass too: a fully masked row must give finite gradients (zeros), not NaN, and
     # the others PyTorch's. The check hands in q, k, v that require gradients and back-propagates one fixed
     # upstream gradient through the answer (forbidden.with_gradients), inside the guard.
