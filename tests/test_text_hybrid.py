@@ -24,6 +24,21 @@ def test_one_parameter_budget_and_shapes():
     assert model(torch.randint(0, VOCAB, (2, 70))).shape == (2, 70, VOCAB)
 
 
+def test_softmax_conv_control_is_the_softmax_layer_plus_the_convolution():
+    """"C" is "A" with a causal depthwise convolution of 4 taps and SiLU on q, k and v: with every tap zero but the
+    current token's at 1 it equals "A" whose projection is followed by SiLU."""
+    a, c = th.GatedRopeAttention(32, 2, 16), th.GatedRopeAttention(32, 2, 16, short_conv=True)
+    taps = torch.zeros(96, th.CONV_SIZE)
+    taps[:, -1] = 1.0  # the current token only
+    c.load_state_dict({**a.state_dict(), "conv_weight": taps}, strict=True)
+    a.qkv = torch.nn.Sequential(a.qkv, torch.nn.SiLU())
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(c(x), a(x))
+    with pytest.raises(TypeError, match="short_conv"):
+        th.GatedRopeAttention(32, 2, 16, short_conv=1)
+    assert [type(m).__name__ for m in th.build("softmax + conv", VOCAB, 0).mixers] == ["GatedRopeAttention"] * 4
+
+
 def test_causal():
     """A token's logits do not change when later tokens do, for every schedule (the chunked GDN and the masked
     softmax both)."""
