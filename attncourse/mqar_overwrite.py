@@ -90,18 +90,20 @@ def train_overwrite(kind: str, seed: int, steps: int = STEPS, lr: float = LR, ba
     return {"accuracy": float((pred == targets).float().mean()), "any_written": float(written.any(-1).float().mean())}
 
 
-def main(path: str | Path = "notebooks/results/ch13_mqar_overwrite.json", seeds: tuple[int, ...] = (0, 1, 2)) -> dict:
-    """Train every kind of :data:`KINDS` on every seed; write the results to `path` (JSON). ``KIND`` and ``SEED``
-    in the environment restrict one process to one kind and seed (parallel jobs; merge the files by hand)."""
+def main(path: str | Path = "notebooks/results/ch13_mqar_overwrite.json", seeds: tuple[int, ...] = (0, 1, 2),
+         lr: float = LR) -> dict:
+    """Train every kind of :data:`KINDS` on every seed at peak rate `lr`; write the results to `path` (JSON).
+    ``KIND``, ``SEED`` and ``LR`` in the environment restrict one process to one kind, seed and rate (parallel jobs;
+    merge the files by hand)."""
     torch.set_num_threads(1)
     only, seed_env = os.environ.get("KIND"), os.environ.get("SEED")
     seeds = (int(seed_env),) if seed_env else seeds
-    result = {"config": {"n_keys": N_KEYS, "n_writes": N_WRITES, "vocab": VOCAB, "steps": STEPS, "lr": LR,
+    result = {"config": {"n_keys": N_KEYS, "n_writes": N_WRITES, "vocab": VOCAB, "steps": STEPS, "lr": lr,
                          "batch": BATCH, "short_conv": True, "seeds": list(seeds)}, "runs": {}}
     for kind in KINDS:
         if only and kind != only:
             continue
-        result["runs"][kind] = [train_overwrite(kind, s) for s in seeds]
+        result["runs"][kind] = [train_overwrite(kind, s, lr=lr) for s in seeds]
         print(kind, result["runs"][kind], file=sys.stderr, flush=True)
         Path(path).write_text(json.dumps(result, indent=1))
     return result
@@ -110,4 +112,4 @@ def main(path: str | Path = "notebooks/results/ch13_mqar_overwrite.json", seeds:
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
         raise SystemExit("set FULL=1 to train 4 kinds x 3 seeds (several CPU minutes each)")
-    main(os.environ.get("OUT", "notebooks/results/ch13_mqar_overwrite.json"))
+    main(os.environ.get("OUT", "notebooks/results/ch13_mqar_overwrite.json"), lr=float(os.environ.get("LR", LR)))
