@@ -100,3 +100,16 @@ def test_flex_block_mask_lists_the_union():
     mask, union = ft.moba_block_mask(sel, 32)
     assert torch.equal(mask.kv_num_blocks, union.sum(-1).int())
     assert union.sum() < 8 * 9 // 2  # correlated queries: fewer than every causal (tile, block) pair
+
+
+def test_stored_lr_run_matches_the_code():
+    """The runs at a peak rate of 1e-2 (chapter 13's per-model rate): same recipe but the rate; the first 2 steps of
+    the control's seed 0 re-measured."""
+    stored = json.loads((ROOT / "notebooks/results/ch13_text_lm_lr.json").read_text())
+    cfg = stored["config"]
+    assert cfg["lr"] == 0.01 and (cfg["context"], cfg["steps"], cfg["batch"]) == (th.CONTEXT, th.STEPS, th.BATCH)
+    assert {n for n, e in stored["schedules"].items() if sorted(e["runs"]) == ["0", "1", "2"]} == {
+        "softmax", "softmax + conv", "Gated DeltaNet"}
+    data = shakespeare_chars(ROOT / "notebooks/data/shakespeare/coriolanus.txt")
+    live = th.train("softmax + conv", 0, data, stop=2, lr=0.01)
+    assert live["train"] == pytest.approx(stored["schedules"]["softmax + conv"]["runs"]["0"]["train"][:2], abs=2e-3)
