@@ -11,7 +11,13 @@ keys, chosen by
 * ``fixed``: the first block and the query's own block (a fixed block pattern: sink + local);
 * ``moba``: its own block and the top blocks by :math:`q \\cdot \\bar k_b` (:func:`attncourse.learned_sparse.moba_gate`);
 * ``nsa``: its own block and the top blocks by the compressed branch's probabilities, plus that compressed branch
-  itself, mixed by learned sigmoid gates (:func:`attncourse.learned_sparse.nsa_select`).
+  itself, mixed by learned sigmoid gates (:func:`attncourse.learned_sparse.nsa_select`); no window branch (the
+  needle is never local) and none of NSA's forced initial and local blocks beyond the query's own block;
+* ``dsa``: the ``budget`` single tokens with the best lightning-indexer scores
+  (:func:`attncourse.learned_sparse.indexer_scores`, :data:`INDEX_HEADS` heads of :data:`INDEX_DIM`, on the token
+  vectors *detached* as in DeepSeek-V3.2), the indexer trained only by :func:`attncourse.learned_sparse.indexer_kl_loss`
+  toward the main head's dense attention row at the last query (DSA's warm-up target, used at every step because
+  nothing here is pretrained), added to the task's loss.
 
 The sparse methods are computed as dense attention under the selection's token mask (the lesson and the tests show
 it equals the tile loop), and no gradient flows through a top-k choice. :func:`train_recall` returns accuracy and
@@ -26,12 +32,14 @@ import torch
 from torch import nn
 
 from . import _validate
-from .learned_sparse import blocks_to_mask, compressed_attention, moba_gate, n_blocks, nsa_select
+from .learned_sparse import (blocks_to_mask, compressed_attention, indexer_kl_loss, indexer_scores, moba_gate, n_blocks,
+                             nsa_select, top_k_tokens)
 from .sdpa import scaled_dot_product_attention
 
 __all__ = ["METHODS", "RecallConfig", "recall_batch", "RecallModel", "train_recall"]
 
-METHODS = ("dense", "window", "fixed", "moba", "nsa")
+METHODS = ("dense", "window", "fixed", "moba", "nsa", "dsa")
+INDEX_HEADS, INDEX_DIM = 4, 16  # the dsa method's indexer: 4 small heads sharing one 16-dim key per token
 
 
 @dataclass
@@ -79,6 +87,11 @@ class RecallModel(nn.Module):
         self.val_emb = nn.Embedding(cfg.n_values + 1, d)
         self.wq, self.wk, self.wv = (nn.Linear(d, d, bias=False) for _ in range(3))
         self.gate = nn.Linear(d, 2)  # nsa: sigmoid gates of the compressed and the selected branch
+        if method == "dsa":  # the lightning indexer: its own query heads, one shared key per token, a weight per head
+            self.idx_q = nn.Linear(d, INDEX_HEADS * INDEX_DIM)
+            self.idx_k = nn.Linear(d, INDEX_DIM)
+            self.idx_w = nn.Linear(d, INDEX_HEADS)
+        self.aux_loss = None  # dsa: the indexer's KL loss of the last forward, added to the task loss in training
         self.out = nn.Linear(d, cfg.n_values)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +109,16 @@ class RecallModel(nn.Module):
         elif self.method == "fixed":
             first = pos < (n_sel - 1) * cfg.block_size
             allowed = (first | (pos >= own * cfg.block_size)).expand(keys.shape[0], t)
+        elif self.method == "dsa":
+            b, xi = keys.shape[0], x.detach()  # the indexer's input is detached from the model, as in DSA
+            q_idx = self.idx_q(xi[:, -1:]).view(b, 1, INDEX_HEADS, INDEX_DIM).transpose(1, 2)  # (B, HI, 1, DI)
+            scores = indexer_scores(q_idx, self.idx_w(xi[:, -1:]).transpose(1, 2), self.idx_k(xi),
+                                    causal=False)  # (B, 1, T): the last query may read every earlier token
+            chosen = top_k_tokens(scores.detach(), cfg.budget)[:, 0]  # (B, budget) token indices; no gradient
+            allowed = torch.zeros(b, t, dtype=torch.bool).scatter_(1, chosen, True)
+            with torch.no_grad():  # the target: the main head's dense attention row at the last query
+                dense_row = torch.softmax(q[:, :, -1:] @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1)  # (B, 1, 1, T)
+            self.aux_loss = indexer_kl_loss(scores, dense_row)
         else:
             with torch.no_grad():  # the choice carries no gradient
                 if self.method == "moba":
@@ -115,7 +138,7 @@ def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eva
     """Train `method` from `seed`; return ``accuracy`` and ``recall`` (share of held-out sequences whose read keys
     hold the needle) on `eval_batch` fresh sequences, ``keys_read`` (mean full-resolution keys the last query
     read) and ``entries_read`` (those plus, for ``nsa``, the compressed entries its compressed branch reads: one per
-    finished block)."""
+    finished block; for ``dsa``, the indexer keys it scores: one per token)."""
     cfg = cfg or RecallConfig()
     _validate.positive_int("eval_batch", eval_batch)
     torch.manual_seed(seed)
@@ -123,7 +146,7 @@ def train_recall(method: str, seed: int, cfg: RecallConfig | None = None, *, eva
     model = RecallModel(cfg, method)
     scores = fit_and_evaluate(model, model.parameters(), cfg, gen, seed, eval_batch)
     return {**scores, "blocks": n_blocks(cfg.seq_len, cfg.block_size),
-            "entries_read": scores["keys_read"] + (cfg.seq_len // cfg.block_size if method == "nsa" else 0)}
+            "entries_read": scores["keys_read"] + {"nsa": cfg.seq_len // cfg.block_size, "dsa": cfg.seq_len}.get(method, 0)}
 
 
 def fit_and_evaluate(forward, params, cfg: RecallConfig, gen: torch.Generator, seed: int,
@@ -135,6 +158,8 @@ def fit_and_evaluate(forward, params, cfg: RecallConfig, gen: torch.Generator, s
     for _ in range(cfg.steps):
         keys, values, _, answer = recall_batch(cfg, cfg.batch, gen)
         loss = nn.functional.cross_entropy(forward(keys, values)[0], answer)
+        if getattr(forward, "aux_loss", None) is not None:  # dsa: the indexer's KL (it reaches the indexer only)
+            loss = loss + forward.aux_loss
         opt.zero_grad()
         loss.backward()
         opt.step()

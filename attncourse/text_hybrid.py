@@ -9,6 +9,9 @@ with ``d_model = 32`` and 2 heads of 16; only the mixers differ, by a pattern st
 
 - ``"A"``: causal softmax attention with RoPE on q and k and a sigmoid output gate (Qwen3-Next's gated attention;
   the gate also brings the layer's weights close to a Gated DeltaNet layer's);
+- ``"C"``: the same softmax attention with Gated DeltaNet's short convolution (a causal depthwise filter over the
+  last 4 tokens, then SiLU) on q, k and v before RoPE: the control that asks whether the convolution, not the
+  recurrence, is what separates the two models;
 - ``"G"``: :class:`attncourse.gated_deltanet.GatedDeltaNet` (short convolution, L2-normalised q and k, the gated
   delta rule in its chunkwise form, output RMSNorm and gate). It takes no position encoding, as in fla and
   Qwen3-Next: order enters through the convolution and the recurrence.
@@ -38,27 +41,39 @@ from .sdpa import scaled_dot_product_attention
 
 CONTEXT = 128  # characters per training window
 D_MODEL, N_HEADS, HEAD_DIM, N_LAYERS = 32, 2, 16, 4
-SCHEDULES = {"softmax": "AAAA", "Gated DeltaNet": "GGGG", "hybrid 3:1": "GGGA"}  # GDN : softmax = 3 : 1
+SCHEDULES = {"softmax": "AAAA", "Gated DeltaNet": "GGGG", "hybrid 3:1": "GGGA",  # GDN : softmax = 3 : 1
+             "softmax + conv": "CCCC"}  # the control: softmax attention with the same short convolution
+CONV_SIZE = 4  # the short convolution's kernel, as in Gated DeltaNet
 BASE_FF = 128  # the MLP width of the all-Gated-DeltaNet model; the others are widened to match its count
 STEPS, BATCH, LR = 300, 16, 3e-3
 EVAL_EVERY, EVAL_WINDOWS = 50, 64  # held-out loss every 50 steps on 64 fixed windows of the held-out text
 
 
 class GatedRopeAttention(nn.Module):
-    """Causal softmax attention with RoPE and a sigmoid output gate: (B, T, d_model) -> (B, T, d_model)."""
+    """Causal softmax attention with RoPE and a sigmoid output gate: (B, T, d_model) -> (B, T, d_model).
+    `short_conv`: pass q, k and v through a causal depthwise convolution of :data:`CONV_SIZE` taps and SiLU first,
+    initialised and applied as :class:`attncourse.gated_deltanet.GatedDeltaNet` does."""
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, short_conv: bool = False) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("head_dim", head_dim)):
             _validate.positive_int(name, value)
+        if not isinstance(short_conv, bool):
+            raise TypeError(f"short_conv must be a bool, got {type(short_conv).__name__}")
         self.n_heads, self.head_dim = n_heads, head_dim
         self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=False)
+        self.conv_weight = (nn.Parameter(torch.randn(3 * n_heads * head_dim, CONV_SIZE) / math.sqrt(CONV_SIZE))
+                            if short_conv else None)  # (channels, taps), one filter per channel
         self.gate = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.out = nn.Linear(n_heads * head_dim, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = (t.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        qkv = self.qkv(x)  # (B, T, 3 H hd)
+        if self.conv_weight is not None:  # causal: each token sees itself and the CONV_SIZE - 1 before it
+            padded = F.pad(qkv, (0, 0, CONV_SIZE - 1, 0))  # (B, T + K - 1, C)
+            qkv = F.silu((padded.unfold(1, CONV_SIZE, 1) * self.conv_weight).sum(-1))  # (B, T, C, K) -> (B, T, C)
+        q, k, v = (t.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in qkv.chunk(3, -1))
         o = scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)  # (B, H, T, hd)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(self.gate(x))  # the output gate
         return self.out(o)
@@ -66,19 +81,20 @@ class GatedRopeAttention(nn.Module):
 
 class TextHybrid(nn.Module):
     """tokens (B, T) -> logits (B, T, vocab): pre-norm blocks whose mixers follow `pattern` ("A" softmax with
-    RoPE, "G" Gated DeltaNet). Raises ValueError for a pattern with other letters, TypeError/ValueError for sizes."""
+    RoPE, "C" the same with a short convolution, "G" Gated DeltaNet). Raises ValueError for a pattern with other letters, TypeError/ValueError for sizes."""
 
     def __init__(self, vocab_size: int, pattern: str, d_ff: int, d_model: int = D_MODEL, n_heads: int = N_HEADS,
                  head_dim: int = HEAD_DIM) -> None:
         super().__init__()
-        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "A"}:
-            raise ValueError(f"pattern must be a non-empty string of 'G' and 'A', got {pattern!r}")
+        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "A", "C"}:
+            raise ValueError(f"pattern must be a non-empty string of 'G', 'A' and 'C', got {pattern!r}")
         for name, value in (("vocab_size", vocab_size), ("d_ff", d_ff)):
             _validate.positive_int(name, value)
         self.pattern = pattern
         self.tok = nn.Embedding(vocab_size, d_model)
         self.mixers = nn.ModuleList(GatedDeltaNet(d_model, n_heads, head_dim, chunk_size=64) if c == "G"
-                                    else GatedRopeAttention(d_model, n_heads, head_dim) for c in pattern)
+                                    else GatedRopeAttention(d_model, n_heads, head_dim, short_conv=c == "C")
+                                    for c in pattern)
         self.norms = nn.ModuleList(nn.RMSNorm(d_model) for _ in range(2 * len(pattern) + 1))
         self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(d_model, d_ff), nn.SiLU(), nn.Linear(d_ff, d_model))
                                   for _ in pattern)
@@ -136,20 +152,22 @@ def held_out_loss(model: nn.Module, batch: torch.Tensor) -> float:
 
 
 def train(schedule: str, seed: int, data: tuple[torch.Tensor, torch.Tensor, str], steps: int = STEPS,
-          eval_every: int = EVAL_EVERY, stop: int | None = None) -> dict:
+          eval_every: int = EVAL_EVERY, stop: int | None = None, lr: float = LR) -> dict:
     """Train one model; returns ``{"train": [loss per step], "eval_steps": [...], "held_out": [...]}`` (nats).
-    AdamW (weight decay 0.01), one-cycle schedule to :data:`LR` over `steps`, gradient clipping at 1, batch
+    AdamW (weight decay 0.01), one-cycle schedule to `lr` (default :data:`LR`) over `steps`, gradient clipping at 1, batch
     :data:`BATCH`. `stop`: end after that many steps of the same run (a slice of a stored run, re-measured)."""
     _validate.positive_int("steps", steps)
     _validate.positive_int("eval_every", eval_every)
+    if not isinstance(lr, float) or not lr > 0:
+        raise ValueError(f"lr must be a positive float, got {lr!r}")
     if stop is not None and not (isinstance(stop, int) and 0 < stop <= steps):
         raise ValueError(f"stop must be an int in 1..steps={steps}, got {stop!r}")
     train_ids, held, vocab = data
     model = build(schedule, len(vocab), seed)
     gen = torch.Generator().manual_seed(2000 + seed)
     batch_eval = eval_windows(held)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     out = {"train": [], "eval_steps": [], "held_out": []}
     for step in range(1, (stop or steps) + 1):
         batch = windows(train_ids, BATCH, CONTEXT, gen)
@@ -168,13 +186,14 @@ def train(schedule: str, seed: int, data: tuple[torch.Tensor, torch.Tensor, str]
 
 
 def main(path: str | Path = "notebooks/results/ch13_text_lm.json", seeds: tuple[int, ...] = (0, 1, 2),
-         steps: int = STEPS) -> dict:
-    """Train every schedule of :data:`SCHEDULES` on every seed and write the results to `path` (JSON)."""
+         steps: int = STEPS, lr: float = LR) -> dict:
+    """Train every schedule of :data:`SCHEDULES` on every seed and write the results to `path` (JSON).
+    ``SCHEDULE``, ``SEED`` and ``LR`` in the environment restrict one process to one schedule, seed and peak rate."""
     torch.set_num_threads(1)
     data = shakespeare_chars(Path(__file__).resolve().parents[1] / "notebooks/data/shakespeare/coriolanus.txt")
     vocab_size = len(data[2])
     result = {"config": {"context": CONTEXT, "d_model": D_MODEL, "n_heads": N_HEADS, "head_dim": HEAD_DIM,
-                         "steps": steps, "batch": BATCH, "lr": LR, "eval_every": EVAL_EVERY,
+                         "steps": steps, "batch": BATCH, "lr": lr, "eval_every": EVAL_EVERY,
                          "eval_windows": EVAL_WINDOWS, "seeds": list(seeds)},
               "schedules": {}}
     for name, pattern in SCHEDULES.items():
@@ -187,7 +206,7 @@ def main(path: str | Path = "notebooks/results/ch13_text_lm.json", seeds: tuple[
         if only and name != only:
             continue
         for seed in seeds:
-            run = train(name, seed, data, steps)
+            run = train(name, seed, data, steps, lr=lr)
             result["schedules"][name]["runs"][str(seed)] = run
             print(f"{name} seed {seed}: held-out {run['held_out'][-1]:.4f}", file=sys.stderr, flush=True)
             Path(path).write_text(json.dumps(result))
@@ -208,4 +227,4 @@ def merge(paths: list[str | Path], path: str | Path) -> dict:
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
         raise SystemExit("set FULL=1 to train 3 schedules x 3 seeds (tens of CPU minutes)")
-    main(os.environ.get("OUT", "notebooks/results/ch13_text_lm.json"))
+    main(os.environ.get("OUT", "notebooks/results/ch13_text_lm.json"), lr=float(os.environ.get("LR", LR)))

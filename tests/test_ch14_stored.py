@@ -32,11 +32,11 @@ def test_stored_schedules_match_the_lesson_recipe():
     assert STORED["seeds"] == [0, 1, 2]
     assert set(STORED["runs"]) == {f"{steps}@{lr:g}" for steps, lr in schedules}
     for runs in STORED["runs"].values():
-        assert set(runs) == {"dense", "window", "fixed", "moba", "nsa", "nsa-mlp"}
+        assert set(runs) == {"dense", "window", "fixed", "moba", "nsa", "dsa", "nsa-mlp"}
         assert all(len(rs) == 3 for rs in runs.values())
 
 
-@pytest.mark.parametrize("method", ["moba", "nsa-mlp"])
+@pytest.mark.parametrize("method", ["moba", "dsa", "nsa-mlp"])
 def test_stored_default_schedule_is_what_the_recipe_trains(method):
     schedules, task = recipe()
     steps, lr = schedules[0]

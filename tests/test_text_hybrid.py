@@ -24,6 +24,21 @@ def test_one_parameter_budget_and_shapes():
     assert model(torch.randint(0, VOCAB, (2, 70))).shape == (2, 70, VOCAB)
 
 
+def test_softmax_conv_control_is_the_softmax_layer_plus_the_convolution():
+    """"C" is "A" with a causal depthwise convolution of 4 taps and SiLU on q, k and v: with every tap zero but the
+    current token's at 1 it equals "A" whose projection is followed by SiLU."""
+    a, c = th.GatedRopeAttention(32, 2, 16), th.GatedRopeAttention(32, 2, 16, short_conv=True)
+    taps = torch.zeros(96, th.CONV_SIZE)
+    taps[:, -1] = 1.0  # the current token only
+    c.load_state_dict({**a.state_dict(), "conv_weight": taps}, strict=True)
+    a.qkv = torch.nn.Sequential(a.qkv, torch.nn.SiLU())
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(c(x), a(x))
+    with pytest.raises(TypeError, match="short_conv"):
+        th.GatedRopeAttention(32, 2, 16, short_conv=1)
+    assert [type(m).__name__ for m in th.build("softmax + conv", VOCAB, 0).mixers] == ["GatedRopeAttention"] * 4
+
+
 def test_causal():
     """A token's logits do not change when later tokens do, for every schedule (the chunked GDN and the masked
     softmax both)."""
@@ -85,3 +100,16 @@ def test_flex_block_mask_lists_the_union():
     mask, union = ft.moba_block_mask(sel, 32)
     assert torch.equal(mask.kv_num_blocks, union.sum(-1).int())
     assert union.sum() < 8 * 9 // 2  # correlated queries: fewer than every causal (tile, block) pair
+
+
+def test_stored_lr_run_matches_the_code():
+    """The runs at a peak rate of 1e-2 (chapter 13's per-model rate): same recipe but the rate; the first 2 steps of
+    the control's seed 0 re-measured."""
+    stored = json.loads((ROOT / "notebooks/results/ch13_text_lm_lr.json").read_text())
+    cfg = stored["config"]
+    assert cfg["lr"] == 0.01 and (cfg["context"], cfg["steps"], cfg["batch"]) == (th.CONTEXT, th.STEPS, th.BATCH)
+    assert {n for n, e in stored["schedules"].items() if sorted(e["runs"]) == ["0", "1", "2"]} == {
+        "softmax", "softmax + conv", "Gated DeltaNet"}
+    data = shakespeare_chars(ROOT / "notebooks/data/shakespeare/coriolanus.txt")
+    live = th.train("softmax + conv", 0, data, stop=2, lr=0.01)
+    assert live["train"] == pytest.approx(stored["schedules"]["softmax + conv"]["runs"]["0"]["train"][:2], abs=2e-3)
