@@ -30,7 +30,7 @@ from .online_softmax import (
 )
 from .paged_cache import memory_waste, paged_attention, PagedKVCache
 from .positions import alibi_bias, alibi_slopes, sinusoidal_positions
-from .positions import apply_rope, rope_attention_factor, rope_inv_freq, rope_permutation
+from .positions import apply_rope, rope_attention_factor, rope_inv_freq, rope_permutation, yarn_ramp
 from .ring import distributed_attention, ring_attention, run_distributed, ulysses_attention
 from .rnn_attention import AdditiveAttention, LuongAttention
 from .sdpa import causal_mask, safe_softmax, scaled_dot_product_attention
@@ -139,6 +139,7 @@ __all__ = [
     "apply_rope",
     "rope_attention_factor",
     "rope_inv_freq",
+    "yarn_ramp",
     "rope_permutation",
     "mla_cache_bytes",
     "MultiHeadLatentAttention",

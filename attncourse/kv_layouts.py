@@ -6,14 +6,16 @@ The model is :func:`attncourse.char_lm.char_lm`'s (2 pre-norm blocks, ``d = 64``
 * MHA: keys and values of 4 heads of 16, **128** numbers; GQA-2: 2 KV heads, **64**; MQA: 1 KV head, **32**;
 * MLA-64 and MLA-32: :class:`~attncourse.mla.MultiHeadLatentAttention` (DeepSeek-V2) with a decoupled RoPE key of
   8 numbers (half the 16-wide head, DeepSeek's ratio of 64 to 128) and a latent of 56 or 24, **64** and **32**
-  numbers: the caches of GQA-2 and MQA, number for number (so byte for byte in any one dtype).
+  numbers: the caches of GQA-2 and MQA, number for number (so byte for byte in any one dtype); MLA-96 (a latent
+  of 88) sits between GQA-2's cache and MHA's, DeepSeek-V2's comparison (MLA at a smaller cache than MHA's).
 
 Every layout trains with :func:`~attncourse.char_lm.train_char_lm`'s recipe (AdamW, one-cycle, peak 3e-3, batch
 32 windows of 64 characters) for the same number of steps, on the same batches from the same seed, on *Coriolanus*
 (:func:`~attncourse.char_lm.shakespeare_chars`, continuous text). ``python -m attncourse.kv_layouts 300`` retrains
 all fifteen runs for 300 steps (half the char-LM's 600), one spawned process per run, and writes
 ``notebooks/results/ch05_layouts.json`` (held-out losses every 50 steps) and ``ch05_layouts_seed0.pt`` (the seed-0
-MQA and MLA-32 weights), which lesson 05 reads, measures again and checks.
+MQA and MLA-32 weights), which lesson 05 reads, measures again and checks. ``python -m attncourse.kv_layouts add
+MLA-96`` trains the listed layouts alone (one process, the stored seeds and steps) and adds them to the JSON.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from .mla import MultiHeadLatentAttention
 N_HEADS, HEAD_DIM, D_MODEL = 4, 16, 64
 # layout -> ("gqa", n_kv_heads) or ("mla", kv_rank, rope_dim)
 LAYOUTS = {"MHA": ("gqa", 4), "GQA-2": ("gqa", 2), "MQA": ("gqa", 1),
-           "MLA-64": ("mla", 56, 8), "MLA-32": ("mla", 24, 8)}
+           "MLA-64": ("mla", 56, 8), "MLA-32": ("mla", 24, 8), "MLA-96": ("mla", 88, 8)}
 
 
 def cache_numbers(layout: str) -> int:
@@ -162,6 +164,29 @@ def main(out_dir: str | Path = "notebooks/results", seeds=(0, 1, 2), workers: in
     return result
 
 
-if __name__ == "__main__":  # python -m attncourse.kv_layouts [STEPS [WORKERS]]
-    main(steps=int(sys.argv[1]) if len(sys.argv) > 1 else STEPS,
-         workers=int(sys.argv[2]) if len(sys.argv) > 2 else None)
+def add_layouts(layouts, out_dir: str | Path = "notebooks/results") -> dict:
+    """Train `layouts` (names of LAYOUTS) in this process, one run after the other, with the stored run's seeds and
+    steps, and merge them into its JSON (the stored weights are left alone); returns the results."""
+    out_dir = Path(out_dir)
+    path = out_dir / "ch05_layouts.json"
+    result = json.loads(path.read_text())
+    for layout in layouts:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layouts must name entries of {list(LAYOUTS)}, got {layout!r}")
+        result["cache_numbers"][layout] = cache_numbers(layout)
+        result["held_out"][layout], result["curves"][layout] = [], []
+        for seed in result["seeds"]:
+            _, _, curve, n_params, _ = _train_one(layout, seed, str(out_dir.parent / "data"), result["steps"])
+            result["held_out"][layout].append(curve[-1])
+            result["curves"][layout].append(curve)
+            result["params"][layout] = n_params
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":  # python -m attncourse.kv_layouts [STEPS [WORKERS]] | add LAYOUT...
+    if len(sys.argv) > 1 and sys.argv[1] == "add":
+        add_layouts(sys.argv[2:])
+    else:
+        main(steps=int(sys.argv[1]) if len(sys.argv) > 1 else STEPS,
+             workers=int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -207,18 +207,8 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, *, scaling: dict | None 
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "yarn":
-        s, length = scaling["factor"], scaling["original_max_position"]
-
-        def dim_for(n_turns: float) -> float:  # the dim index whose frequency turns n_turns times over L
-            return head_dim * math.log(length / (n_turns * 2 * math.pi)) / (2 * math.log(base))
-
-        low = max(math.floor(dim_for(scaling["beta_fast"])), 0)
-        high = min(math.ceil(dim_for(scaling["beta_slow"])), head_dim - 1)
-        if low == high:
-            high += 0.001
-        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (D/2,)
-        keep = 1 - ramp  # 1: extrapolate (high frequency, keep theta_i); 0: interpolate (theta_i / s)
-        inv_freq = inv_freq / s * (1 - keep) + inv_freq * keep
+        ramp = yarn_ramp(head_dim, base, scaling["original_max_position"], scaling["beta_fast"], scaling["beta_slow"])
+        inv_freq = inv_freq * (1 - ramp) + inv_freq / scaling["factor"] * ramp  # ramp 0: keep theta_i, 1: theta_i / s
     elif kind == "llama3":
         s, length = scaling["factor"], scaling["original_max_position"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -228,6 +218,41 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, *, scaling: dict | None 
         a = ((length / wavelength - low) / (high - low)).clamp(0, 1)  # 1: keep (fast pairs), 0: divide by s
         inv_freq = (1 - a) * inv_freq / s + a * inv_freq
     return inv_freq
+
+
+def _check_positive_numbers(**values):
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def yarn_ramp(head_dim: int, base: float, original_max: int, beta_fast: float = 32.0,
+              beta_slow: float = 1.0) -> torch.Tensor:
+    """(head_dim/2,) float32 YaRN ramp as its released code (and Hugging Face, ``truncate=True``) computes it:
+    0 for the pairs that keep theta_i (more than beta_fast turns over original_max positions), 1 for those
+    interpolated to theta_i / s (fewer than beta_slow turns), linear in the pair index between the two correction
+    indices, rounded outward (floor, ceil) and clipped at 0 and head_dim - 1.
+
+    Raises ValueError for an odd or non-positive head_dim, a base <= 1, a non-positive original_max or beta, or
+    beta_fast <= beta_slow.
+    """
+    _validate.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs of dims), got {head_dim}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    _check_positive_numbers(original_max=original_max, beta_fast=beta_fast, beta_slow=beta_slow)
+    if beta_slow >= beta_fast:
+        raise ValueError(f"beta_slow must be below beta_fast, got beta_slow={beta_slow!r}, beta_fast={beta_fast!r}")
+
+    def dim_for(n_turns: float) -> float:  # the dim index whose frequency turns n_turns times over original_max
+        return head_dim * math.log(original_max / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(dim_for(beta_fast)), 0)
+    high = min(math.ceil(dim_for(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001
+    return ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (D/2,)
 
 
 def rope_attention_factor(scaling: dict | None = None) -> float:

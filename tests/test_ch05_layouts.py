@@ -48,7 +48,7 @@ def test_mla_attention_flops_decode_absorbs_prefill_expands():
 
 
 def test_layouts_cache_and_mla_model_equals_absorbed():
-    assert [cache_numbers(k) for k in LAYOUTS] == [128, 64, 32, 64, 32]
+    assert [cache_numbers(k) for k in LAYOUTS] == [128, 64, 32, 64, 32, 96]
     with pytest.raises(ValueError, match="layout"):
         cache_numbers("GQA-3")
     torch.manual_seed(0)

@@ -222,13 +222,19 @@ def test_encoder_alibi(tmp_path, monkeypatch):
         fixed = cell_function(src, "enc_t", {"torch": torch, "alibi_slopes": alibi_slopes})
         checks.check("06-find-the-bug-2", fixed)
     assert graded("06-find-the-bug-2", fixed, tmp_path, monkeypatch) == "passed"
-    # the target formula typed over line 3, `signed = -(j - i).abs()`, gives the right values with the flip left in
-    # place (dead): no diagnosis of the flip, refused on purpose (the line it changes is not the wrong one)
+    # the stated distance put on line 3, `signed = -(j - i).abs()`, is a right fix too (the flip is then never
+    # taken): accepted (review 13); a rewrite of line 3 that needs more than 8 tokens is still not an edit
     src = ch06.BUGGY_ENCODER.replace("signed = (pos[None, :] - pos[:, None]).float()",
                                      "signed = -(pos[None, :] - pos[:, None]).float().abs()")
     by_abs = cell_function(src.replace("def encoder_alibi_buggy(", "def enc_abs("), "enc_abs",
                            {"torch": torch, "alibi_slopes": alibi_slopes})
-    assert "line(s) 3" in refused("06-find-the-bug-2", by_abs, tmp_path, monkeypatch, called=False)
+    checks.check("06-find-the-bug-2", by_abs)
+    assert graded("06-find-the-bug-2", by_abs, tmp_path, monkeypatch) == "passed"
+    half = cell_function(src.replace("-(pos[None, :]", "(pos[None, :]").replace("def encoder_alibi_buggy(",
+                                                                                  "def enc_half("),
+                         "enc_half", {"torch": torch, "alibi_slopes": alibi_slopes})  # |j - i| without the sign
+    with pytest.raises(checks.CheckFailed):
+        checks.check("06-find-the-bug-2", half)
     for route in (lambda h, t: -alibi_bias(h, t).abs(),
                   lambda h, t: -alibi_bias_at(alibi_slopes(h), torch.arange(t), torch.arange(t)).abs(),
                   ch06._encoder_bias_reference):

@@ -13,6 +13,7 @@ import torch
 
 from attncourse.classroom import checks
 from attncourse.classroom.checks import ch06_extension as ext
+from attncourse import positions
 from attncourse.positions import rope_inv_freq
 from test_ch04_checks import graded, refused
 
@@ -78,6 +79,35 @@ def test_yarn_course_routes_refused(route, tmp_path, monkeypatch):
 
 def test_yarn_copies_refused(tmp_path, monkeypatch):
     refused("06-yarn-frequencies", _edited_copy(ext._hf_yarn_inv_freq, "my_yarn"), tmp_path, monkeypatch)
+
+
+def _ramp_copy(keep_checks):
+    """positions.yarn_ramp transcribed (review 13: a copy of rope_inv_freq's YaRN branch passed), locals renamed,
+    its input checks kept or deleted, called by an answer of the exercise's signature."""
+    source = inspect.getsource(positions.yarn_ramp)
+    body = source[source.index("    def dim_for"):]
+    if keep_checks:
+        body = source[source.index("    _validate"):]
+    source = "def ramp(d, b, n, bf=32.0, bs=1.0):\n" + body
+    for old, new in (("head_dim", "d"), ("original_max", "n"), ("beta_fast", "bf"), ("beta_slow", "bs"),
+                     ("base", "b"), ("dim_for", "where"), ("n_turns", "t"), ("low", "lo"), ("high", "hi")):
+        source = source.replace(old, new)
+    namespace = {"torch": torch, "math": math, "_validate": positions._validate,
+                 "_check_positive_numbers": positions._check_positive_numbers}
+    exec(compile(source, "<cell>", "exec"), namespace)
+    ramp = namespace["ramp"]
+
+    def yarn_from_ramp(head_dim, base, factor, original_max, beta_fast=32.0, beta_slow=1.0):
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        g = ramp(head_dim, base, original_max, beta_fast, beta_slow)
+        return inv * (1 - g) + inv / factor * g
+    return yarn_from_ramp
+
+
+@pytest.mark.parametrize("keep_checks", [True, False])
+def test_yarn_ramp_copies_refused(keep_checks, tmp_path, monkeypatch):
+    msg = refused("06-yarn-frequencies", _ramp_copy(keep_checks), tmp_path, monkeypatch)
+    assert "yarn_ramp" in msg or "_validate" in msg
 
 
 @pytest.mark.parametrize("wrong", [yarn_paper_ramp, yarn_unrounded, yarn_as_llama3])

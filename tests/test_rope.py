@@ -188,6 +188,18 @@ def test_scaling_rejects(scaling, err):
         rope_inv_freq(16, scaling=scaling)
 
 
+def test_yarn_ramp_is_the_ramp_of_the_yarn_frequencies():
+    from attncourse.positions import yarn_ramp
+    theta = rope_inv_freq(32, 10000.0)
+    ramp = yarn_ramp(32, 10000.0, 512, 16, 2)  # 0: keep theta_i, 1: theta_i / s
+    assert ramp[0] == 0 and ramp[-1] == 1 and bool((ramp.diff() >= 0).all())
+    torch.testing.assert_close(theta * (1 - ramp) + theta / 4 * ramp, hf_yarn(32, 10000.0, 4, 512, 16, 2)[0])
+    for kwargs, name in (({"head_dim": 7}, "head_dim"), ({"base": 1.0}, "base"), ({"original_max": 0}, "original_max"),
+                         ({"beta_fast": -1}, "beta_fast"), ({"beta_slow": 40}, "beta_slow")):
+        with pytest.raises(ValueError, match=name):
+            yarn_ramp(**{"head_dim": 16, "base": 10000.0, "original_max": 64, **kwargs})
+
+
 def test_inv_freq_rejects():
     with pytest.raises(ValueError, match="head_dim"):
         rope_inv_freq(7)

@@ -53,8 +53,9 @@ def encoder_alibi_buggy(n_heads, seq_len):
     before = alibi_slopes(n_heads)[:, None, None] * signed           # (H, T, T): m_h (j - i), right for j <= i
     return torch.where(signed <= 0, before, before.flip(-1))
 '''
-# the fix may negate `before` or transpose its last two axes (m_h (i - j) for j > i): the names those spellings need
-FIX_ENCODER = edits.SmallEdit(BUGGY_ENCODER, most=8, lines=(5,),
+# the fix may negate `before` or transpose its last two axes (m_h (i - j) for j > i): the names those spellings need;
+# or put the stated distance -|j - i| on line 3 (review 13), which leaves the flip unused
+FIX_ENCODER = edits.SmallEdit(BUGGY_ENCODER, most=8, lines=(3, 5),
                               names=("abs", "neg", "mT", "transpose", "swapaxes", "swapdims", "movedim", "permute"))
 
 

@@ -59,13 +59,13 @@ YARN_CONFIGS = [(16, 10000.0, 4.0, 64, 32.0, 1.0), (32, 10000.0, 4.0, 16, 32.0, 
 
 
 @exercise("06-yarn-frequencies", "yarn_inv_freq", points=3, category="implement", allow=(), ops=(),
-          forbid=("attncourse.positions.rope_inv_freq", "attncourse.ctx_extension.scalings"),
+          forbid=("attncourse.positions.rope_inv_freq", "attncourse.positions.yarn_ramp", "attncourse.ctx_extension.scalings"),
           shortcuts=(_yarn_by_course, _yarn_by_scalings),
           prop_doc="output equality is the property: the frequencies are the whole of YaRN's by-parts rule, judged "
                    "on seven configurations and two drawn ones (head sizes 8-128, factors 2-32, bases 1e4-1e6, other "
                    "betas) against the course's rope_inv_freq and a transcription of Hugging Face's "
                    "_compute_yarn_parameters, which agree; the paper's ramp in turns, the ramp without rounding and "
-                   "Llama 3.1's rule give other numbers on some of them; every course function (rope_inv_freq, the "
+                   "Llama 3.1's rule give other numbers on some of them; every course function (rope_inv_freq, yarn_ramp, the "
                    "scalings, the checker's references) and every copy of one is refused",
           hint="write down, for a pair i, how many turns it makes over original_max positions, invert that to find "
                "the (fractional) pair index that makes beta_fast turns and the one that makes beta_slow turns, round "
