@@ -131,17 +131,11 @@ def hf_default(dim, base):
 
 
 def hf_yarn(dim, base, factor, original_max, beta_fast=32, beta_slow=1):
-    """transformers' _compute_yarn_parameters (truncate=True), transcribed."""
-    def corr_dim(n_rot):
-        return (dim * math.log(original_max / (n_rot * 2 * math.pi))) / (2 * math.log(base))
-    low, high = max(math.floor(corr_dim(beta_fast)), 0), min(math.ceil(corr_dim(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
-    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
-    extra_factor = 1 - ramp
-    return inter * (1 - extra_factor) + extra * extra_factor, 0.1 * math.log(factor) + 1.0
+    """transformers' _compute_yarn_parameters (truncate=True), transcribed once in the 06-yarn-frequencies check:
+    the frequencies and the attention factor."""
+    from attncourse.classroom.checks.ch06_extension import _hf_yarn_inv_freq
+
+    return _hf_yarn_inv_freq(dim, base, factor, original_max, beta_fast, beta_slow), 0.1 * math.log(factor) + 1.0
 
 
 @pytest.mark.parametrize("dim,base", [(64, 10000.0), (128, 500000.0), (16, 10000.0)])
