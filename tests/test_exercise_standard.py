@@ -192,9 +192,12 @@ class Grader:
 
 
 def outputs_right(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> bool:
-    """Whether the grader's reply holds the right output for every case (the property aside)."""
+    """Whether the grader's reply holds the right output for every declared case (the property aside; a gradient
+    case added by checks.gradients asks more than a right output: a shortcut through a module copied under no_grad
+    has none)."""
     return reply.get("status") == "ok" and len(reply["results"]) == len(cases) and all(
-        r[0] == "ok" and checks.feedback(ex, r[1], c) is None for c, r in zip(cases, reply["results"]))
+        checks.gradients.is_added(c) or (r[0] == "ok" and checks.feedback(ex, r[1], c) is None)
+        for c, r in zip(cases, reply["results"]))
 
 
 def implement_problems(ex: checks.Exercise, grader: Grader) -> list[str]:

@@ -97,3 +97,28 @@ def test_a_default_print_while_debugging_is_not_a_read_out(capsys):
     ran = forbidden.run(debugging, (x,), {}, pol)
     assert not ran["used"] and ran["error"] is None, ran
     assert "tensor(" in capsys.readouterr().out
+
+
+def through_scaled_print(t):
+    """The default print of a tensor shifted and scaled by 1e6 (no value near 0, so no scientific notation) shows each
+    number to 11 or 12 digits (4 decimals)."""
+    return sum(v / 1e6 - 10 for v in _parsed(repr(((t + 10) * 1e6).flatten())))
+
+
+def through_rounded_print(t):
+    """Shifted, scaled and rounded, a floating tensor prints in integer mode, every digit shown (8 here)."""
+    shown = __import__("re").findall(r"-?\d+\.", repr(((t + 10) * 1e6).round().flatten()))
+    return sum(float(v) / 1e6 - 10 for v in shown)
+
+
+def test_a_scaled_default_print_is_a_read_out(capsys):
+    pol = forbidden.policy(ops=("numpy",))
+    x = torch.randn(4 * forbidden.SCALAR_FLOOR, dtype=torch.float64)
+    torch.set_printoptions(threshold=10**9)
+    try:
+        for answer in (through_scaled_print, through_rounded_print):
+            ran = forbidden.run(answer, (x,), {}, pol)
+            assert ran["used"] and "Tensor.__repr__" in str(ran["used"][0]), (answer.__name__, ran)
+            assert abs(answer(x) - float(x.sum())) < 1e-3  # the route really carries the numbers
+    finally:
+        torch.set_printoptions(profile="default")

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import forbidden, limits, tries
+from . import forbidden, gradients, limits, tries
 from .notes import STUB_LINE, WIDTH, install_notes, quiet_note, wrap  # noqa: F401
 
 __all__ = ["CATEGORIES", "Case", "Exercise", "CheckFailed", "ExerciseNotDone", "Run", "check", "exercise", "get",
@@ -140,6 +140,7 @@ class Exercise:
     trace: bool | None = None  # record the operators the answer runs (default: when `prop` is declared)
     aliases: tuple[str, ...] = ()  # earlier ids of this exercise, still accepted by the grader
     breakers: tuple[Callable, ...] = ()  # right outputs computed the wrong way: `prop` must refuse each
+    gradient: bool = True  # implement: add a case comparing gradients with the shortcuts' (see .gradients)
 
     @property
     def reveals(self) -> bool:
@@ -215,7 +216,8 @@ def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind:
              shortcuts: tuple[Callable, ...] = (), parts: tuple[str, ...] = (), bug_words: tuple[str, ...] = (),
              allow: tuple[str, ...] = (), ops: tuple[str, ...] | None = None,
              prop: Callable[[list], str | None] | None = None, prop_doc: str = "", stream: tuple | None = None,
-             trace: bool | None = None, aliases: tuple[str, ...] = (), breakers: tuple[Callable, ...] = ()):
+             trace: bool | None = None, aliases: tuple[str, ...] = (), breakers: tuple[Callable, ...] = (),
+             gradient: bool = True):
     """Decorator registering a case-building function as the exercise `id` (see :data:`CATEGORIES`)."""
     if kind not in ("function", "value"):
         raise ValueError(f"kind must be 'function' or 'value', got {kind!r}")
@@ -229,11 +231,18 @@ def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind:
         for name in (id, *aliases):
             if name in _REGISTRY or name in _ALIASES:
                 raise ValueError(f"exercise id {name!r} is registered twice")
-        _REGISTRY[id] = Exercise(id, target, make_cases, float(points), hint, kind, numpy, tuple(forbid),
+        def cases() -> list[Case]:  # the declared cases, and the gradient case where one applies (.gradients)
+            declared = make_cases()
+            extra = gradients.gradient_case(_REGISTRY[id], declared)
+            return declared if extra is None else [*declared, extra]
+
+        cases.declared = make_cases  # the exercise's own cases, without the gradient case
+
+        _REGISTRY[id] = Exercise(id, target, cases, float(points), hint, kind, numpy, tuple(forbid),
                                  title or make_cases.__doc__ or "", category, tuple(shortcuts), tuple(parts),
                                  tuple(bug_words), tuple(allow), None if ops is None else tuple(ops), prop,
                                  prop_doc, None if stream is None else tuple(stream), trace, tuple(aliases),
-                                 tuple(breakers))
+                                 tuple(breakers), bool(gradient))
         for old in aliases:
             _ALIASES[old] = id
         return make_cases
@@ -329,9 +338,15 @@ def evaluate_run(ex: Exercise, answer: Any, case: Case, namespace: dict | None =
 
 def judge_property(ex: Exercise, runs: list[Run]) -> str | None:
     """The exercise's property over the runs of its cases (None when it holds or none is declared)."""
+    runs = [r for r in runs if not gradients.is_added(r.case)]  # a property judges the declared cases
     if ex.prop is None or not runs:
         return None
     return ex.prop(runs)
+
+
+def declared(cases: list[Case]) -> int:
+    """How many of `cases` the exercise declares (a gradient case added by :mod:`.gradients` is not counted)."""
+    return sum(not gradients.is_added(c) for c in cases)
 
 
 def case_label(case: Case) -> str:
@@ -402,7 +417,7 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         raise CheckFailed("\n".join([f"✗ {ex.id}: every case gives the right result, but not the way this exercise "
                                      f"asks", f"  {_cut(detail, 400)}"] + ([f"  hint: {ex.hint}"] if ex.hint else [])))
     _PASSED.add(ex.id)
-    print(f"✓ {ex.id}: all {len(cases)} case(s) passed")
+    print(f"✓ {ex.id}: all {declared(cases)} case(s) passed")
 
 
 install_notes()

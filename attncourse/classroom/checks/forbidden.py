@@ -38,6 +38,7 @@ the learner's.
 """
 
 import importlib
+import math
 import importlib.util
 import os
 import re
@@ -1124,13 +1125,17 @@ SCALAR_FLOOR = 256  # numbers an answer may always read out of its tensors (loop
 
 def _as_text_or_bytes(code, frame):
     """(numbers, name) for a tensor's numbers leaving PyTorch as text or bytes: one per number a printed tensor shows
-    when printing shows more than its default 4 digits (a repr parsed back is a read-out; a default print while
-    debugging is not), every entry of what ``torch.save`` writes (pickling a tensor calls it too)."""
+    to more than 6 significant digits or 4 decimals (a repr parsed back, or a tensor scaled by 1e6 and printed, is a
+    read-out; a default print while debugging is not), every entry of what ``torch.save`` writes (pickle too)."""
     import torch
 
     if code.co_name == "format":  # torch._tensor_str._Formatter.format: one number of a printed tensor
-        opts = torch._tensor_str.PRINT_OPTS
-        return int(opts.precision > 4 or bool(opts.sci_mode)), "Tensor.__repr__ (a tensor printed at over 4 digits)"
+        opts, me, value = torch._tensor_str.PRINT_OPTS, frame.f_locals.get("self"), frame.f_locals.get("value")
+        whole = len(f"{abs(value):.0f}") if isinstance(value, float) and math.isfinite(value) else 0
+        shown = opts.precision + 1 if getattr(me, "sci_mode", True) else \
+            whole + (0 if getattr(me, "int_mode", False) else opts.precision)  # a tensor scaled by 1e6: 11 digits
+        return int(getattr(me, "floating_dtype", False) and (opts.precision > 4 or bool(opts.sci_mode) or shown > 6)), \
+            "Tensor.__repr__ (a tensor printed to more than 6 digits)"
     obj = frame.f_locals.get("obj")
     if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
         return getattr(obj, "_untyped_storage", obj).nbytes() // 4, "torch.save (or pickle: a tensor's bytes)"
