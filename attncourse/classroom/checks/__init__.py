@@ -36,6 +36,7 @@ The exercise standard (issue 15; ``tests/test_exercise_standard.py`` enforces it
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -236,6 +237,7 @@ def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind:
             extra = gradients.gradient_case(_REGISTRY[id], declared)
             return declared if extra is None else [*declared, extra]
 
+        functools.update_wrapper(cases, make_cases)  # its module names the exercise's chapter module (grading.watch)
         cases.declared = make_cases  # the exercise's own cases, without the gradient case
 
         _REGISTRY[id] = Exercise(id, target, cases, float(points), hint, kind, numpy, tuple(forbid),
