@@ -49,18 +49,23 @@ class OneWaySeq2Seq(Seq2Seq):
         return out, torch.tanh(self.bridge(h_n[0]))
 
 
-def train_one_way(seeds=(0, 1, 2), config: Seq2SeqConfig | None = None, lengths=None, n: int = 200
-                  ) -> dict[str, list[dict[int, float]]]:
+def train_one_way(seeds=(0, 1, 2), config: Seq2SeqConfig | None = None, lengths=None, n: int = 200,
+                  readings=("in order", "reversed source")) -> dict[str, list[dict[int, float]]]:
     """Train :class:`OneWaySeq2Seq` read in order and with the source reversed, one model per seed (the seed sets
     the initialisation and the batches, as in :func:`~attncourse.seq2seq.run_seeds`): ``{"in order": [accuracy
-    by length per seed], "reversed source": [...]}``, greedy decoding on `n` fresh inputs of each length."""
+    by length per seed], "reversed source": [...]}`` (the `readings` asked for), greedy decoding on `n` fresh inputs
+    of each length."""
+    unknown = [r for r in readings if r not in ("in order", "reversed source")]
+    if unknown:
+        raise ValueError(f"readings must be 'in order' or 'reversed source', got {unknown}")
     from dataclasses import replace
 
     from .seq2seq import accuracy_by_length, train
 
     config = config or Seq2SeqConfig()
-    result: dict[str, list[dict[int, float]]] = {"in order": [], "reversed source": []}
-    for name, flag in (("in order", False), ("reversed source", True)):
+    result: dict[str, list[dict[int, float]]] = {name: [] for name in readings}
+    for name in readings:
+        flag = name == "reversed source"
         for seed in seeds:
             c = replace(config, seed=seed)
             torch.manual_seed(seed)

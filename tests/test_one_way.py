@@ -32,3 +32,7 @@ def test_bad_input():
         OneWaySeq2Seq(Seq2SeqConfig(), reverse_source=1)
     with pytest.raises(ValueError, match="lengths"):
         flip_rows(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="readings"):
+        from attncourse.one_way import train_one_way
+
+        train_one_way((0,), readings=("backwards",))
