@@ -276,3 +276,26 @@ def test_parameter_shares(tmp_path, monkeypatch):
     msg = refused("04-parameter-shares", shares_no_biases, tmp_path, monkeypatch, called=False)
     expected = ch04.reference_shares(64, 4, 256, 1000, 2)
     assert not any(f"{v:.6f}" in msg or f"{v:.4f}" in msg for v in expected.values()), msg
+
+
+def shares_closed_form(d_model, n_heads, d_ff, vocab_size, n_layers):  # right, biases and all, but nothing built
+    n = {"embedding": vocab_size * d_model, "attention": (4 * d_model ** 2 + 4 * d_model) * n_layers,
+         "feed_forward": (2 * d_model * d_ff + d_ff + d_model) * n_layers, "layer_norm": 4 * d_model * n_layers}
+    return {k: v / sum(n.values()) for k, v in n.items()}
+
+
+def shares_torch_layer(d_model, n_heads, d_ff, vocab_size, n_layers):  # PyTorch's layer has the same parameters
+    with torch.device("meta"):
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff)
+    size = {"attention": 0, "feed_forward": 0, "layer_norm": 0}
+    for name, p in layer.named_parameters():
+        size[{"self_attn": "attention", "linear1": "feed_forward", "linear2": "feed_forward"}.get(
+            name.split(".")[0], "layer_norm")] += p.numel() * n_layers
+    size["embedding"] = vocab_size * d_model
+    return {k: v / sum(size.values()) for k, v in size.items()}
+
+
+def test_parameter_shares_needs_the_blocks_built(tmp_path, monkeypatch):
+    msg = refused("04-parameter-shares", shares_closed_form, tmp_path, monkeypatch, called=False)
+    assert "not the way" in msg and "build" in msg, msg
+    refused("04-parameter-shares", shares_torch_layer, tmp_path, monkeypatch)

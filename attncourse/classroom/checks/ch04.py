@@ -266,8 +266,32 @@ def _shares_rule(got, expected) -> str | None:
     return None
 
 
+def _built_blocks(runs) -> str | None:
+    """The experiment's property: on every case the answer built the course's blocks, n_layers of them at the
+    case's width (each block initialises its four (d, d) attention projections inside TransformerBlock)."""
+    for run in runs:
+        d_model, n_layers = run.case.args[0], run.case.args[4]
+        square = sum(1 for _, _, in_allowed, tensors in (run.trace or {}).get("ops", ())
+                     if in_allowed and any(t[2] == (d_model, d_model) for t in tensors))
+        if square < 4 * n_layers:
+            return (f"on case '{run.case.name}' your code did not build the {n_layers} TransformerBlock(s) it "
+                    "counts: this experiment measures the course's modules as built (under torch.device('meta')), "
+                    "not a formula for them")
+    return None
+
+
+def _closed_form_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
+    """The right shares from a formula, no module built: refused by the property."""
+    counts = {"embedding": vocab_size * d_model, "attention": n_layers * (4 * d_model * d_model + 4 * d_model),
+              "feed_forward": n_layers * (2 * d_model * d_ff + d_ff + d_model), "layer_norm": n_layers * 4 * d_model}
+    return {k: v / sum(counts.values()) for k, v in counts.items()}
+
+
 @exercise("04-parameter-shares", "parameter_shares", points=2, category="experiment",
-          allow=("attncourse.transformer.TransformerBlock",),
+          allow=("attncourse.transformer.TransformerBlock",), trace=True, prop=_built_blocks,
+          breakers=(_closed_form_shares,),
+          forbid=("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer", "torch.nn.Transformer",
+                  "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder"),
           hint="build the modules (the course's TransformerBlock and an embedding table) at each size and count "
                "the elements of the parameters of each kind of submodule; divide by the total")
 def _parameter_shares():
