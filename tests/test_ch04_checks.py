@@ -112,10 +112,11 @@ def mha_lesson_pasted(x, w_q, w_k, w_v, w_o, n_heads):  # lesson 04's split/atte
     return merged @ w_o.T
 
 
-def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads split by a reshape alone
+def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads in the batch axis, merged by a reshape
     B, T, d = x.shape
-    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
+    D = d // n_heads
+    q, k, v = ((x @ w.T).transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), dim=-1)
     return (weights @ v).reshape(B, T, d) @ w_o.T
 
 
@@ -125,11 +126,16 @@ def mha_scaled_by_d(x, w_q, w_k, w_v, w_o, n_heads):  # the earlier colleague: s
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
 
 
-def mha_split_fixed_only_in(x, w_q, w_k, w_v, w_o, n_heads):  # a half fix: heads split right, merged by a reshape
-    B, T, d = x.shape
-    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
-    return (weights @ v).reshape(B, T, d) @ w_o.T
+# the lesson's merge pasted onto the colleague's (B*H, T, D) heads: a fix by pattern, not by diagnosis: wrong values
+mha_lesson_merge = cell_function(ch04.BUGGY_MHA.replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+                                 .replace("def mha_buggy(", "def mha_lesson_merge("), "mha_lesson_merge",
+                                 {"torch": torch, "math": math})
+# the lesson's split and merge both pasted in: right values, but line 4 (the split) was not wrong
+mha_lesson_both = cell_function(ch04.BUGGY_MHA.replace(".transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1)",
+                                                       ".view(B, T, n_heads, D).transpose(1, 2)")
+                                .replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+                                .replace("def mha_buggy(", "def mha_lesson_both("), "mha_lesson_both",
+                                {"torch": torch, "math": math})
 
 
 def fixed_by_course_module(x, w_q, w_k, w_v, w_o, n_heads):
@@ -154,10 +160,9 @@ def fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
         return m(x, x, x, need_weights=False)[0]
 
 
-# the minimal fix: the heads split and merged through (B, T, H, D), 16 tokens changed on lines 3 and 5
-mha_fixed = cell_function(ch04.BUGGY_MHA.replace("reshape(B, n_heads, T, d // n_heads)",
-                                                 "reshape(B, T, n_heads, d // n_heads).transpose(1, 2)")
-                          .replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+# the minimal fix: the merge undoes the split's steps in reverse, 16 tokens changed on line 7
+mha_fixed = cell_function(ch04.BUGGY_MHA.replace("(weights @ v).reshape(B, T, d)",
+                                                 "(weights @ v).transpose(0, 1).reshape(T, B, d).transpose(0, 1)")
                           .replace("def mha_buggy(", "def mha_fixed("), "mha_fixed", {"torch": torch, "math": math})
 
 
@@ -166,9 +171,9 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("04-head-scale-bug", mha_fixed)  # the earlier id still grades
     assert checks.get("04-head-scale-bug").id == "04-find-the-bug-1"
     assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
-    for wrong in (mha_buggy, mha_scaled_by_d, mha_split_fixed_only_in):
+    for wrong in (mha_buggy, mha_scaled_by_d, mha_lesson_merge):
         refused("04-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
-    for rewrite in (mha_rewrite, mha_lesson_pasted):
+    for rewrite in (mha_rewrite, mha_lesson_pasted, mha_lesson_both):
         assert "not the way" in refused("04-find-the-bug-1", rewrite, tmp_path, monkeypatch, called=False)
     for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
         refused("04-find-the-bug-1", route, tmp_path, monkeypatch)

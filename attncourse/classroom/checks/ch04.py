@@ -132,13 +132,15 @@ def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
 BUGGY_MHA = '''\
 def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
     B, T, d = x.shape
-    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))  # (B, H, T, D) each
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)   # (B, H, T, T)
-    return (weights @ v).reshape(B, T, d) @ w_o.T
+    D = d // n_heads
+    q, k, v = ((x @ w.T).transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1)   # heads in the batch axis,
+               for w in (w_q, w_k, w_v))                                               # (B*H, T, D) each
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), dim=-1)            # (B*H, T, T)
+    return (weights @ v).reshape(B, T, d) @ w_o.T                                      # (B, T, d)
 '''
-FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=40, lines=(3, 5),  # every spelling of the fix tried: 18-32; a rewrite 68
+FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=30, lines=(7,),  # the fix's spellings: 11-20 tokens; the lesson's pasted: 50+
                           names=("view", "unflatten", "flatten", "permute", "swapaxes", "swapdims", "movedim",
-                                 "contiguous", "mT"))
+                                 "contiguous", "mT", "unbind", "cat"))
 
 
 def _breaker_rewrite_mha(x, w_q, w_k, w_v, w_o, n_heads):
@@ -160,10 +162,12 @@ def _breaker_rewrite_mha(x, w_q, w_k, w_v, w_o, n_heads):
                    "does not show the bug was found)",
           bug_words=("without transpos", "missing transpos", "no transpose", "forgets to transpose",
                      "transpose is missing", "mixes tokens", "mixes positions", "heads and tokens",
-                     "token axis", "interleaves", "reshape instead", "view instead", "wrong split", "split wrong",
-                     "before transposing", "memory order", "row-major"),
-          hint="it agrees with nn.MultiheadAttention for one head and not for several: print which of the projected "
-               "query's numbers end up in head 0's first row, and which should")
+                     "token axis", "interleaves", "reshape instead", "view instead", "wrong merge", "merge wrong",
+                     "merged wrong", "merge is wrong", "undo the split", "undoes the split", "inverse of the split",
+                     "memory order", "row-major"),
+          hint="it agrees with nn.MultiheadAttention for one head and not for several: take batch 1 with 2 heads, "
+               "and print which of the attention's output numbers end up in token 0's row before w_o, and which "
+               "should")
 def _scale_bug():
     """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
