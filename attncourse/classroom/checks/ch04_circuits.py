@@ -10,6 +10,7 @@ circuits off the layer's behaviour, then factoring them, skips the algebra the e
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -69,8 +70,23 @@ def _orthonormal_by_module(w_q, w_k, w_v, w_o, n_heads):
     return tuple(new)
 
 
-def _circuits_rule(got, expected) -> str | None:
-    (w_q, w_k, w_v, w_o), n_heads, tol = expected
+def reference_orthonormal(w_q, w_k, w_v, w_o, n_heads: int) -> tuple[torch.Tensor, ...]:
+    """The reference answer: per head, a QR factorisation of the key (value) rows moves R into the query (output)
+    weights; the circuits are unchanged and the key and value rows orthonormal."""
+    dh = w_q.shape[0] // n_heads
+    out = [w.clone() for w in (w_q, w_k, w_v, w_o)]
+    for h in range(n_heads):
+        r = slice(h * dh, (h + 1) * dh)
+        basis, tri = torch.linalg.qr(w_k[r].T)                  # (d, D), (D, D)
+        out[1][r], out[0][r] = basis.T, tri @ w_q[r]
+        basis, tri = torch.linalg.qr(w_v[r].T)
+        out[2][r], out[3][:, r] = basis.T, w_o[:, r] @ tri.T
+    return tuple(out)
+
+
+def _circuits_rule(got, expected, *, n_heads: int = 1, tol: float = 1e-9) -> str | None:
+    """`expected` is a right answer (the reference's): its circuits are the given layer's."""
+    w_q, w_k, w_v, w_o = expected
     d = w_q.shape[0]
     if not (isinstance(got, (tuple, list)) and len(got) == 4 and all(isinstance(w, torch.Tensor) for w in got)):
         return f"expected a tuple of four tensors (w_q, w_k, w_v, w_o), got {str(got)[:120]}"
@@ -122,5 +138,6 @@ def _head_circuits():
             name += ", one head's values 100 times larger and its output 100 times smaller"
         ws = [w.to(dtype) for w in ws]
         tol = 1e-9 if dtype == torch.float64 else 2e-5
-        cases.append(Case(name, (*ws, h), expected=(tuple(w.clone() for w in ws), h, tol), compare=_circuits_rule))
+        cases.append(Case(name, (*ws, h), expected=reference_orthonormal(*ws, h),
+                          compare=functools.partial(_circuits_rule, n_heads=h, tol=tol)))
     return cases
