@@ -101,7 +101,7 @@ def lookup_batch(config: LookupConfig, gen: torch.Generator) -> tuple[torch.Tens
 
 
 def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig | None = None, *,
-                 qk_norm: bool = False, cap: float | None = None) -> dict[str, torch.Tensor]:
+                 qk_norm: bool = False, cap: float | None = None, zero_q: bool = False) -> dict[str, torch.Tensor]:
     r"""Train query and key projections :math:`W_q, W_k \in \mathbb{R}^{d_{in} \times d_k}` with Adam on the lookup.
 
     The model is one attention step, :math:`\mathrm{out} = \mathrm{softmax}(c\,(x_q W_q)(X W_k)^\top)\,V`, and the
@@ -118,6 +118,8 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
             (initialised to 1, trained with the projections): QK-norm.
         cap: soft-cap the scaled logits, :math:`s \mapsto \mathrm{cap}\tanh(s/\mathrm{cap})` (a positive float),
             or None.
+        zero_q: start W_q at zero (muP's attention initialisation, Yang et al. 2022: every logit 0, attention
+            uniform at step 0); W_k and the batches are drawn as without it.
 
     Returns:
         dict of (steps,) float tensors: ``"loss"`` per step, ``"saturated"`` the share of rows whose largest
@@ -138,6 +140,8 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
     gen = torch.Generator().manual_seed(seed)
     w_q = (torch.randn(config.d_in, d_k, generator=gen) / math.sqrt(config.d_in)).requires_grad_()  # (d_in, d_k)
     w_k = (torch.randn(config.d_in, d_k, generator=gen) / math.sqrt(config.d_in)).requires_grad_()  # (d_in, d_k)
+    if zero_q:
+        w_q.data.zero_()                                            # drawn first, so W_k and the batches match
     gains = [torch.ones(d_k, requires_grad=True) for _ in range(2)] if qk_norm else []  # (d_k,) each
     opt = torch.optim.Adam([w_q, w_k, *gains], lr=config.lr)
     names = ("loss", "saturated", "logit_grad", "max_logit", "saturated_grad_share", "saturated_wrong",

@@ -112,10 +112,11 @@ def mha_lesson_pasted(x, w_q, w_k, w_v, w_o, n_heads):  # lesson 04's split/atte
     return merged @ w_o.T
 
 
-def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads split by a reshape alone
+def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):  # the exercise's colleague: heads in the batch axis, merged by a reshape
     B, T, d = x.shape
-    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
+    D = d // n_heads
+    q, k, v = ((x @ w.T).transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1) for w in (w_q, w_k, w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), dim=-1)
     return (weights @ v).reshape(B, T, d) @ w_o.T
 
 
@@ -125,11 +126,16 @@ def mha_scaled_by_d(x, w_q, w_k, w_v, w_o, n_heads):  # the earlier colleague: s
     return (weights @ v).transpose(1, 2).flatten(2) @ w_o.T
 
 
-def mha_split_fixed_only_in(x, w_q, w_k, w_v, w_o, n_heads):  # a half fix: heads split right, merged by a reshape
-    B, T, d = x.shape
-    q, k, v = ((x @ w.T).unflatten(-1, (n_heads, -1)).transpose(1, 2) for w in (w_q, w_k, w_v))
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)
-    return (weights @ v).reshape(B, T, d) @ w_o.T
+# the lesson's merge pasted onto the colleague's (B*H, T, D) heads: a fix by pattern, not by diagnosis: wrong values
+mha_lesson_merge = cell_function(ch04.BUGGY_MHA.replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+                                 .replace("def mha_buggy(", "def mha_lesson_merge("), "mha_lesson_merge",
+                                 {"torch": torch, "math": math})
+# the lesson's split and merge both pasted in: right values, but line 4 (the split) was not wrong
+mha_lesson_both = cell_function(ch04.BUGGY_MHA.replace(".transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1)",
+                                                       ".view(B, T, n_heads, D).transpose(1, 2)")
+                                .replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+                                .replace("def mha_buggy(", "def mha_lesson_both("), "mha_lesson_both",
+                                {"torch": torch, "math": math})
 
 
 def fixed_by_course_module(x, w_q, w_k, w_v, w_o, n_heads):
@@ -154,10 +160,9 @@ def fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
         return m(x, x, x, need_weights=False)[0]
 
 
-# the minimal fix: the heads split and merged through (B, T, H, D), 16 tokens changed on lines 3 and 5
-mha_fixed = cell_function(ch04.BUGGY_MHA.replace("reshape(B, n_heads, T, d // n_heads)",
-                                                 "reshape(B, T, n_heads, d // n_heads).transpose(1, 2)")
-                          .replace("(weights @ v).reshape", "(weights @ v).transpose(1, 2).reshape")
+# the minimal fix: the merge undoes the split's steps in reverse, 16 tokens changed on line 7
+mha_fixed = cell_function(ch04.BUGGY_MHA.replace("(weights @ v).reshape(B, T, d)",
+                                                 "(weights @ v).transpose(0, 1).reshape(T, B, d).transpose(0, 1)")
                           .replace("def mha_buggy(", "def mha_fixed("), "mha_fixed", {"torch": torch, "math": math})
 
 
@@ -166,9 +171,9 @@ def test_find_the_bug_1(tmp_path, monkeypatch):
     checks.check("04-head-scale-bug", mha_fixed)  # the earlier id still grades
     assert checks.get("04-head-scale-bug").id == "04-find-the-bug-1"
     assert graded("04-find-the-bug-1", mha_fixed, tmp_path, monkeypatch) == "passed"
-    for wrong in (mha_buggy, mha_scaled_by_d, mha_split_fixed_only_in):
+    for wrong in (mha_buggy, mha_scaled_by_d, mha_lesson_merge):
         refused("04-find-the-bug-1", wrong, tmp_path, monkeypatch, called=False)
-    for rewrite in (mha_rewrite, mha_lesson_pasted):
+    for rewrite in (mha_rewrite, mha_lesson_pasted, mha_lesson_both):
         assert "not the way" in refused("04-find-the-bug-1", rewrite, tmp_path, monkeypatch, called=False)
     for route in (fixed_by_course_module, fixed_by_aten_math, fixed_by_torch_module, ch04._fixed_by_module):
         refused("04-find-the-bug-1", route, tmp_path, monkeypatch)
@@ -276,3 +281,26 @@ def test_parameter_shares(tmp_path, monkeypatch):
     msg = refused("04-parameter-shares", shares_no_biases, tmp_path, monkeypatch, called=False)
     expected = ch04.reference_shares(64, 4, 256, 1000, 2)
     assert not any(f"{v:.6f}" in msg or f"{v:.4f}" in msg for v in expected.values()), msg
+
+
+def shares_closed_form(d_model, n_heads, d_ff, vocab_size, n_layers):  # right, biases and all, but nothing built
+    n = {"embedding": vocab_size * d_model, "attention": (4 * d_model ** 2 + 4 * d_model) * n_layers,
+         "feed_forward": (2 * d_model * d_ff + d_ff + d_model) * n_layers, "layer_norm": 4 * d_model * n_layers}
+    return {k: v / sum(n.values()) for k, v in n.items()}
+
+
+def shares_torch_layer(d_model, n_heads, d_ff, vocab_size, n_layers):  # PyTorch's layer has the same parameters
+    with torch.device("meta"):
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff)
+    size = {"attention": 0, "feed_forward": 0, "layer_norm": 0}
+    for name, p in layer.named_parameters():
+        size[{"self_attn": "attention", "linear1": "feed_forward", "linear2": "feed_forward"}.get(
+            name.split(".")[0], "layer_norm")] += p.numel() * n_layers
+    size["embedding"] = vocab_size * d_model
+    return {k: v / sum(size.values()) for k, v in size.items()}
+
+
+def test_parameter_shares_needs_the_blocks_built(tmp_path, monkeypatch):
+    msg = refused("04-parameter-shares", shares_closed_form, tmp_path, monkeypatch, called=False)
+    assert "not the way" in msg and "build" in msg, msg
+    refused("04-parameter-shares", shares_torch_layer, tmp_path, monkeypatch)

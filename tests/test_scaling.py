@@ -100,3 +100,11 @@ def test_train_lookup_qk_norm_and_cap():
     for bad in (0, -1.0, True, "5"):
         with pytest.raises(ValueError, match="cap"):
             train_lookup(16, "sqrt", 0, config, cap=bad)
+
+
+def test_zero_query_starts_uniform_and_learns():
+    """muP's initialisation: with W_q at zero every logit is 0 at step 1 (uniform weights); W_q still learns."""
+    config = LookupConfig(steps=30, lr=3e-2)
+    t = train_lookup(64, "d", 0, config, zero_q=True)
+    assert t["max_logit"][0] == 0 and t["saturated"][0] == 0
+    assert t["max_logit"][-1] > 0 and t["loss"][-5:].mean() < t["loss"][:5].mean()

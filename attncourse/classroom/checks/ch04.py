@@ -132,13 +132,15 @@ def _fixed_by_torch_module(x, w_q, w_k, w_v, w_o, n_heads):
 BUGGY_MHA = '''\
 def mha_buggy(x, w_q, w_k, w_v, w_o, n_heads):
     B, T, d = x.shape
-    q, k, v = ((x @ w.T).reshape(B, n_heads, T, d // n_heads) for w in (w_q, w_k, w_v))  # (B, H, T, D) each
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // n_heads), dim=-1)   # (B, H, T, T)
-    return (weights @ v).reshape(B, T, d) @ w_o.T
+    D = d // n_heads
+    q, k, v = ((x @ w.T).transpose(0, 1).reshape(T, B * n_heads, D).transpose(0, 1)   # heads in the batch axis,
+               for w in (w_q, w_k, w_v))                                               # (B*H, T, D) each
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), dim=-1)            # (B*H, T, T)
+    return (weights @ v).reshape(B, T, d) @ w_o.T                                      # (B, T, d)
 '''
-FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=40, lines=(3, 5),  # every spelling of the fix tried: 18-32; a rewrite 68
+FIX_MHA = edits.SmallEdit(BUGGY_MHA, most=30, lines=(7,),  # the fix's spellings: 11-20 tokens; the lesson's pasted: 50+
                           names=("view", "unflatten", "flatten", "permute", "swapaxes", "swapdims", "movedim",
-                                 "contiguous", "mT"))
+                                 "contiguous", "mT", "unbind", "cat"))
 
 
 def _breaker_rewrite_mha(x, w_q, w_k, w_v, w_o, n_heads):
@@ -160,10 +162,12 @@ def _breaker_rewrite_mha(x, w_q, w_k, w_v, w_o, n_heads):
                    "does not show the bug was found)",
           bug_words=("without transpos", "missing transpos", "no transpose", "forgets to transpose",
                      "transpose is missing", "mixes tokens", "mixes positions", "heads and tokens",
-                     "token axis", "interleaves", "reshape instead", "view instead", "wrong split", "split wrong",
-                     "before transposing", "memory order", "row-major"),
-          hint="it agrees with nn.MultiheadAttention for one head and not for several: print which of the projected "
-               "query's numbers end up in head 0's first row, and which should")
+                     "token axis", "interleaves", "reshape instead", "view instead", "wrong merge", "merge wrong",
+                     "merged wrong", "merge is wrong", "undo the split", "undoes the split", "inverse of the split",
+                     "memory order", "row-major"),
+          hint="it agrees with nn.MultiheadAttention for one head and not for several: take batch 1 with 2 heads, "
+               "and print which of the attention's output numbers end up in token 0's row before w_o, and which "
+               "should")
 def _scale_bug():
     """Find and fix the bug in a colleague's multi-head attention."""
     gen = torch.Generator().manual_seed(41)
@@ -266,8 +270,32 @@ def _shares_rule(got, expected) -> str | None:
     return None
 
 
+def _built_blocks(runs) -> str | None:
+    """The experiment's property: on every case the answer built the course's blocks, n_layers of them at the
+    case's width (each block initialises its four (d, d) attention projections inside TransformerBlock)."""
+    for run in runs:
+        d_model, n_layers = run.case.args[0], run.case.args[4]
+        square = sum(1 for _, _, in_allowed, tensors in (run.trace or {}).get("ops", ())
+                     if in_allowed and any(t[2] == (d_model, d_model) for t in tensors))
+        if square < 4 * n_layers:
+            return (f"on case '{run.case.name}' your code did not build the {n_layers} TransformerBlock(s) it "
+                    "counts: this experiment measures the course's modules as built (under torch.device('meta')), "
+                    "not a formula for them")
+    return None
+
+
+def _closed_form_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
+    """The right shares from a formula, no module built: refused by the property."""
+    counts = {"embedding": vocab_size * d_model, "attention": n_layers * (4 * d_model * d_model + 4 * d_model),
+              "feed_forward": n_layers * (2 * d_model * d_ff + d_ff + d_model), "layer_norm": n_layers * 4 * d_model}
+    return {k: v / sum(counts.values()) for k, v in counts.items()}
+
+
 @exercise("04-parameter-shares", "parameter_shares", points=2, category="experiment",
-          allow=("attncourse.transformer.TransformerBlock",),
+          allow=("attncourse.transformer.TransformerBlock",), trace=True, prop=_built_blocks,
+          breakers=(_closed_form_shares,),
+          forbid=("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer", "torch.nn.Transformer",
+                  "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder"),
           hint="build the modules (the course's TransformerBlock and an embedding table) at each size and count "
                "the elements of the parameters of each kind of submodule; divide by the total")
 def _parameter_shares():
