@@ -96,3 +96,29 @@ def test_ring_step_mistakes_refused():
         return torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), cache_v)
 
     checks.check("07-ring-decode", per_head_loop)
+
+
+def test_ring_step_roll_refused_and_slice_write_accepted():
+    def rolled(q, k, v, cache_k, cache_v, slot_pos, t, slopes):  # the buffer kept in temporal order by torch.roll
+        for buf, new in ((cache_k, k), (cache_v, v)):
+            buf.copy_(torch.roll(buf, -1, 2))
+            buf[:, :, -1] = new[:, :, 0]
+        slot_pos.copy_(torch.roll(slot_pos, -1, 0))
+        slot_pos[-1] = t
+        scores = q @ cache_k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = (scores - slopes[:, None, None] * (t - slot_pos)).masked_fill(slot_pos < 0, float("-inf"))
+        return scores.softmax(-1) @ cache_v
+
+    failure("07-ring-decode", rolled)  # the buffers arrive in ring order: a rolled buffer loses it, or is a copy
+
+    def slice_write(q, k, v, cache_k, cache_v, slot_pos, t, slopes):
+        s = t % cache_k.shape[2]
+        cache_k[:, :, s:s + 1] = k
+        cache_v[:, :, s:s + 1].copy_(v)
+        slot_pos[s:s + 1] = t
+        scores = torch.matmul(q, cache_k.mT) / math.sqrt(q.shape[-1])
+        scores = torch.where(slot_pos >= 0, scores - slopes.view(-1, 1, 1) * (t - slot_pos).to(q.dtype),
+                             float("-inf"))
+        return torch.softmax(scores, dim=-1) @ cache_v
+
+    checks.check("07-ring-decode", slice_write)

@@ -111,7 +111,7 @@ def _shortcut_ring_package(q, k, v, cache_k, cache_v, slot_pos, t, slopes):
 
 def _shortcut_ring_fused(q, k, v, cache_k, cache_v, slot_pos, t, slopes):
     """PyTorch's fused attention on the buffer: must be refused."""
-    slot = t % cache_k.shape[2]
+    slot = int(t) % cache_k.size(2)
     cache_k[:, :, slot], cache_v[:, :, slot], slot_pos[slot] = k[:, :, 0], v[:, :, 0], t
     bias = (-slopes[:, None, None] * (t - slot_pos)).masked_fill(slot_pos < 0, float("-inf"))  # (H, 1, W)
     return torch.nn.functional.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=bias.to(q.dtype))
@@ -128,14 +128,14 @@ def _breaker_ring_shift(q, k, v, cache_k, cache_v, slot_pos, t, slopes):
     pos = slot_pos[order]
     slot_pos[:-1] = pos[1:]
     slot_pos[-1] = t
-    scores = q @ cache_k.transpose(-1, -2) / math.sqrt(q.shape[-1]) - slopes[:, None, None] * (t - slot_pos)
-    return scores.masked_fill(slot_pos < 0, float("-inf")).softmax(-1) @ cache_v  # (B, H, 1, D)
+    logits = torch.matmul(q, cache_k.mT) * q.shape[-1] ** -0.5 - slopes.view(-1, 1, 1) * (t - slot_pos)
+    return torch.matmul(logits.masked_fill(slot_pos < 0, float("-inf")).softmax(-1), cache_v)  # (B, H, 1, D)
 
 
 def _breaker_ring_concat(q, k, v, cache_k, cache_v, slot_pos, t, slopes):
     """Writes the slot, then attends over a reordered copy of the buffer (oldest first): right output, a new
     cache-sized tensor at every step. Refused."""
-    slot = t % cache_k.shape[2]
+    slot = int(t) % cache_k.size(2)
     cache_k[:, :, slot], cache_v[:, :, slot], slot_pos[slot] = k[:, :, 0], v[:, :, 0], t
     order = slot_pos.argsort()
     keys, values, pos = cache_k.index_select(2, order), cache_v.index_select(2, order), slot_pos[order]
