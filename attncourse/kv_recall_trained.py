@@ -4,10 +4,11 @@ the task, instead of the hand-set circuit. Its attention is learned, so how shar
 the values the answers need, and so what SnapKV's vote and H2O's accumulated attention keep, is the model's own.
 
 :func:`train_recall_model` trains one seed (multi-query associative recall, the loss on the answers only, as in
-Zoology) until it answers 99 % of held-out prompts; :func:`recall_table` scores every cache policy of chapter 11's test bed 3 on it, teacher-forced, plus the
-decoded run of two of them. ``python -m attncourse.kv_recall_trained`` trains seeds 0-2 (a minute or
-two of CPU each) and stores the weights (``notebooks/results/ch11_recall_trained.pt``) and the table
-(``ch11_recall_trained.json``); the lesson loads both and re-measures one seed live.
+Zoology) until it answers 99 % of held-out prompts; :func:`recall_table` scores every cache policy of chapter 11's
+test bed 3 on it, teacher-forced, plus the decoded run of two of them.
+``python -m attncourse.kv_recall_trained`` trains seeds 0-2 (17-34 s of CPU each) and stores the weights
+(``notebooks/results/ch11_recall_trained.pt``) and the table (``ch11_recall_trained.json``); the lesson loads both
+and re-measures one seed live.
 """
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def main(seeds=(0, 1, 2), processes: int = 3) -> dict:
 if __name__ == "__main__":
     out = main()
     for seed, table in out["seeds"].items():
-        print(seed, table["steps"], table["val"], table["train_cpu_s"], table["full"], table["vote_on_values"], table["decoded"])
+        print(seed, table["steps"], table["val"], table["train_cpu_s"], table["full"], table["vote_on_values"],
+              table["decoded"])
         for name, accs in table["policies"].items():
             print("  ", f"{name:20}", [round(a, 3) for a in accs])

@@ -223,7 +223,8 @@ class RingAttentionFunction(torch.autograd.Function):
                 kv = kv_in
         if dkv_requests is not None:  # the last send brings each block's gradients home
             _wait(dkv_requests, stats, "wait_s_backward")
-        return dq.to(q.dtype), dkv_in[..., :d].to(k.dtype), dkv_in[..., d:].to(v.dtype), None, None, None, None, None, None, None
+        return (dq.to(q.dtype), dkv_in[..., :d].to(k.dtype), dkv_in[..., d:].to(v.dtype), None, None, None, None, None,
+                None, None)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
