@@ -138,7 +138,9 @@ class RingAttentionFunction(torch.autograd.Function):
     scored; seconds blocked waiting for transfers), `overlap`: start each transfer before the compute that
     can run beside it (True), or wait for it at once (False, the serial baseline), and `grad_dtype`: the dtype dK and
     dV are accumulated and sent in (None: the blocks' own; ring-flash-attention uses float32 for bfloat16 blocks,
-    so that the gradient sums are not rounded at every hop). dK and dV are returned in K's and V's dtype."""
+    so that the gradient sums are not rounded at every hop). Half-precision blocks are sent as they are; each rank's
+    output, lse and dQ are summed in float32, as ring-flash-attention does. dK and dV are returned in K's and V's
+    dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, layout, group, stats, overlap=True, grad_dtype=None):
@@ -146,8 +148,9 @@ class RingAttentionFunction(torch.autograd.Function):
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         chunks = ring_chunks(world, layout)
         mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
-        outs = [q.new_zeros(q.shape[0], c, v.shape[-1]) for _ in mine]  # per local query chunk (N, c, Dv)
-        lses = [q.new_full((q.shape[0], c), _NEG_INF) for _ in mine]  # (N, c)
+        work = _compute_dtype(q.dtype)  # half-precision blocks travel as they are; the sums are kept in float32
+        outs = [q.new_zeros(q.shape[0], c, v.shape[-1], dtype=work) for _ in mine]  # per local query chunk (N, c, Dv)
+        lses = [q.new_full((q.shape[0], c), _NEG_INF, dtype=work) for _ in mine]  # (N, c)
         kv = torch.cat([k, v], dim=-1).contiguous()  # (N, T_r, D + Dv): one message per step
         pairs = 0
         for step in range(world):
@@ -166,7 +169,7 @@ class RingAttentionFunction(torch.autograd.Function):
                 if overlap:  # a gloo request must be waited for once only
                     _wait(requests, stats)
                 kv = incoming
-        out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1)  # (N, T_r, Dv), (N, T_r)
+        out, lse = torch.cat(outs, dim=1).to(q.dtype), torch.cat(lses, dim=1)  # (N, T_r, Dv), (N, T_r) in float32
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (is_causal, scale, layout, group, stats, overlap, grad_dtype)
         ctx.set_materialize_grads(False)
@@ -187,7 +190,7 @@ class RingAttentionFunction(torch.autograd.Function):
         chunks = ring_chunks(world, layout)
         mine, c, d = chunks[rank], q.shape[1] // len(chunks[rank]), k.shape[-1]
         d_out = torch.zeros_like(out) if d_out is None else d_out.to(out.dtype)
-        dq = torch.zeros_like(q)
+        dq = torch.zeros_like(q, dtype=_compute_dtype(q.dtype))
         kv = torch.cat([k, v], dim=-1).contiguous()  # (N, T_r, D + Dv)
         dkv_in = dkv_requests = None  # the gradients on their way to me, and their transfer
         for step in range(world):
@@ -220,19 +223,22 @@ class RingAttentionFunction(torch.autograd.Function):
                 kv = kv_in
         if dkv_requests is not None:  # the last send brings each block's gradients home
             _wait(dkv_requests, stats, "wait_s_backward")
-        return dq, dkv_in[..., :d].to(k.dtype), dkv_in[..., d:].to(v.dtype), None, None, None, None, None, None, None
+        return (dq.to(q.dtype), dkv_in[..., :d].to(k.dtype), dkv_in[..., d:].to(v.dtype), None, None, None, None, None,
+                None, None)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, is_causal: bool = False,
                    scale: float | None = None, layout: str = "contiguous", group: Any = None,
-                   overlap: bool = True) -> RingOutput:
+                   overlap: bool = True, grad_dtype: torch.dtype | None = None) -> RingOutput:
     """Attention over the whole sequence when each rank of `group` holds its chunks of it; differentiable.
 
     Call on every rank with its part: query, key (..., T_r, D), value (..., T_r, Dv), equal T_r on every rank,
     made of the chunks :func:`ring_chunks` gives the rank for `layout`, in that order. ``is_causal`` masks keys
     after each query's own position (in the whole sequence). The backward runs the backward ring.
     ``overlap=False`` waits for every transfer as soon as it starts (the serial baseline of the timing in
-    chapter 11); the results are the same. The returned ``traffic`` dict is filled by both rings: bytes sent in
+    chapter 11); the results are the same. K and V travel in their own dtype (bfloat16 stays 2 bytes an element);
+    `grad_dtype` is the dtype dK and dV are summed and sent in on the backward ring (None: K's; ring-flash-attention
+    uses float32 for bfloat16 blocks). The returned ``traffic`` dict is filled by both rings: bytes sent in
     the forward (``"bytes_sent"``) and, after ``backward()``, in the backward (``"bytes_sent_backward"``), both
     counted from the tensors handed to ``dist.isend``, and the seconds blocked waiting for transfers
     (``"wait_s"``, ``"wait_s_backward"``).
@@ -249,6 +255,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                          f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if grad_dtype is not None and not (isinstance(grad_dtype, torch.dtype) and grad_dtype.is_floating_point):
+        raise TypeError(f"grad_dtype must be None or a floating torch.dtype, got {grad_dtype!r}")
     if not dist.is_initialized():
         raise RuntimeError("ring_attention needs an initialised process group (see run_distributed)")
     world = dist.get_world_size(group)
@@ -259,11 +267,10 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         raise ValueError(f"every rank must hold the same number of positions, divisible by {per_rank} chunks "
                          f"(layout {layout!r}), got {[int(n) for n in lengths]}")
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
-    work = _compute_dtype(query.dtype)
     lead = query.shape[:-2]
-    q, k, v = (x.reshape(-1, *x.shape[-2:]).to(work) for x in (query, key, value))  # (N, T_r, D)
+    q, k, v = (x.reshape(-1, *x.shape[-2:]) for x in (query, key, value))  # (N, T_r, D), sent in their own dtype
     stats: dict = {}
-    out, lse = RingAttentionFunction.apply(q, k, v, is_causal, scale, layout, group, stats, overlap)
+    out, lse = RingAttentionFunction.apply(q, k, v, is_causal, scale, layout, group, stats, overlap, grad_dtype)
     return RingOutput(out.reshape(*lead, *out.shape[-2:]).to(value.dtype), lse.reshape(*lead, lse.shape[-1]),
                       stats["bytes_sent"], stats["pairs_scored"], stats)
 

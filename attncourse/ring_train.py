@@ -16,13 +16,14 @@ __all__ = ["distributed_training_step", "ring_overlap_timing", "ring_training_re
 
 
 def _training_worker(rank: int, world_size: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     grad_out: torch.Tensor, is_causal: bool, layouts: tuple[str, ...], overlap: bool = True) -> dict:
+                     grad_out: torch.Tensor, is_causal: bool, layouts: tuple[str, ...], overlap: bool = True,
+                     grad_dtype: torch.dtype | None = None) -> dict:
     """One rank, for each layout: its part of q, k, v as leaves, ring forward, ``(out * grad_out).sum()``
     backward (the backward ring), and what it holds afterwards."""
     results = {}
     for layout in layouts:
         q, k, v = (_split(x, rank, world_size, layout).clone().requires_grad_(True) for x in (query, key, value))
-        result = ring_attention(q, k, v, is_causal=is_causal, layout=layout, overlap=overlap)
+        result = ring_attention(q, k, v, is_causal=is_causal, layout=layout, overlap=overlap, grad_dtype=grad_dtype)
         (result.out * _split(grad_out, rank, world_size, layout)).sum().backward()
         results[layout] = (result.out.detach(), q.grad, k.grad, v.grad, result.pairs_scored, result.bytes_sent,
                            result.traffic["bytes_sent_backward"])
@@ -32,7 +33,7 @@ def _training_worker(rank: int, world_size: int, query: torch.Tensor, key: torch
 def distributed_training_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad_out: torch.Tensor,
                               world_size: int, *, is_causal: bool = False,
                               layout: str | tuple[str, ...] = "contiguous", timeout: float = 120.0,
-                              overlap: bool = True) -> dict:
+                              overlap: bool = True, grad_dtype: torch.dtype | None = None) -> dict:
     """Forward and backward of ring attention over `world_size` gloo processes.
 
     q, k (B, H, T, D), value (B, H, T, Dv), grad_out (B, H, T, Dv) the gradient arriving at the output. Returns
@@ -40,7 +41,8 @@ def distributed_training_step(query: torch.Tensor, key: torch.Tensor, value: tor
     scored in the forward, ``"bytes"`` and ``"bytes_backward"``: what each rank sent in the forward and in the
     backward ring, counted from the tensors handed to ``dist.isend``. A tuple of layouts runs each in the same
     launch and returns ``{layout: that dict}``. ``overlap=False`` runs the serial baseline of
-    :func:`~attncourse.ring.ring_attention` (same results). Raises ValueError/TypeError for shapes that do not split.
+    :func:`~attncourse.ring.ring_attention` (same results); `grad_dtype` is its dtype for dK and dV on the backward
+    ring (None: K's). Raises ValueError/TypeError for shapes that do not split.
     """
     layouts = (layout,) if isinstance(layout, str) else tuple(layout)
     _check_qkv(query, key, value)
@@ -56,8 +58,10 @@ def distributed_training_step(query: torch.Tensor, key: torch.Tensor, value: tor
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {type(overlap).__name__}")
+    if grad_dtype is not None and not (isinstance(grad_dtype, torch.dtype) and grad_dtype.is_floating_point):
+        raise TypeError(f"grad_dtype must be None or a floating torch.dtype, got {grad_dtype!r}")
     ranks = run_distributed(_training_worker, world_size, query, key, value, grad_out, is_causal, layouts, overlap,
-                            timeout=timeout)
+                            grad_dtype, timeout=timeout)
     got = {}
     for lay in layouts:
         got[lay] = {name: _unsplit([r[lay][i] for r in ranks], lay) for i, name in enumerate(("out", "dq", "dk", "dv"))}
