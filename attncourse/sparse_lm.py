@@ -209,13 +209,16 @@ def train(method: str, seed: int, data: tuple[torch.Tensor, torch.Tensor, str] |
     return out
 
 
-def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds: tuple[int, ...] = (0, 1, 2)) -> dict:
-    """Train every method on every seed; write the results to `path` (JSON). ``METHOD`` in the environment restricts
-    one process to one method (parallel jobs; merge the files by hand)."""
+def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds: tuple[int, ...] = (0, 1, 2),
+         steps: int = STEPS) -> dict:
+    """Train every method on every seed for `steps`; write the results to `path` (JSON). ``METHOD`` in the
+    environment restricts one process to some methods, comma-separated (parallel jobs; merge the files by hand).
+    The lesson's longer control: ``FULL=1 METHOD=dense,window STEPS=600
+    OUT=notebooks/results/ch14_sparse_lm_long_full.json python -m attncourse.sparse_lm``."""
     torch.set_num_threads(1)
     data = shakespeare_chars(DATA)
     result = {"config": {"context": CONTEXT, "block": BLOCK, "budget": BUDGET, "d_model": D_MODEL, "n_heads": N_HEADS,
-                         "n_layers": N_LAYERS, "steps": STEPS, "batch": BATCH, "lr": LR, "far": FAR,
+                         "n_layers": N_LAYERS, "steps": steps, "batch": BATCH, "lr": LR, "far": FAR,
                          "eval_windows": EVAL_WINDOWS, "seeds": list(seeds)}, "runs": {}}
     only = os.environ.get("METHOD")
     for method in METHODS:
@@ -223,7 +226,7 @@ def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds:
             continue
         result["runs"][method] = {}
         for seed in seeds:
-            run = train(method, seed, data)
+            run = train(method, seed, data, steps)
             result["runs"][method][str(seed)] = run
             print(method, seed, {k: v for k, v in run.items() if k != "train"}, file=sys.stderr, flush=True)
             Path(path).write_text(json.dumps(result))
@@ -233,4 +236,4 @@ def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds:
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
         raise SystemExit("set FULL=1 to train 6 methods x 3 seeds (tens of CPU minutes)")
-    main(os.environ.get("OUT", "notebooks/results/ch14_sparse_lm_full.json"))
+    main(os.environ.get("OUT", "notebooks/results/ch14_sparse_lm_full.json"), steps=int(os.environ.get("STEPS", STEPS)))

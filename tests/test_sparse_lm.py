@@ -103,3 +103,13 @@ def test_stored_run_is_complete():
                 assert run["far_keys_read"] == (sl.FAR + 1 + sl.CONTEXT) / 2
             else:
                 assert run["far_keys_read"] <= sl.BUDGET
+
+
+def test_stored_longer_control_is_the_same_recipe_twice_as_long():
+    short = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_full.json").read_text())
+    long = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_long_full.json").read_text())
+    assert long["config"] == {**short["config"], "steps": 2 * sl.STEPS} and list(long["runs"]) == ["dense", "window"]
+    for method, runs in long["runs"].items():
+        assert set(runs) == {"0", "1", "2"} and all(len(r["train"]) == 2 * sl.STEPS for r in runs.values())
+        for seed, run in runs.items():  # the same batches: the first steps of a one-cycle run to 600 differ only by
+            assert run["train"][0] == short["runs"][method][seed]["train"][0]  # the rate, which starts equal
