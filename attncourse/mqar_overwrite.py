@@ -20,10 +20,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from . import _validate
-from .mqar_tokens import ZoologyModel
+from .mqar_tokens import ZoologyModel, fit_queries
 
 KINDS = ("softmax", "linear", "deltanet", "gated_deltanet")
 N_KEYS, N_WRITES, VOCAB = 8, 32, 64  # 8 distinct keys written 32 times: 4 writes per key on average
@@ -68,18 +67,8 @@ def train_overwrite(kind: str, seed: int, steps: int = STEPS, lr: float = LR, ba
     _validate.positive_int("steps", steps)
     torch.manual_seed(seed)
     model = ZoologyModel(kind, True, vocab=vocab)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    for _ in range(steps):
-        tokens, targets, _ = overwrite_batch(gen, batch_size, n_keys, n_writes, vocab)
-        logits = model(tokens)[:, 2 * n_writes:]  # (B, U, vocab) the query positions
-        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+    fit_queries(model, lambda gen: overwrite_batch(gen, batch_size, n_keys, n_writes, vocab), steps, lr,
+                2 * n_writes, seed)  # the same recipe as attncourse.mqar_tokens.train_zoology
     gen_eval = torch.Generator().manual_seed(20_000 + seed)
     with torch.no_grad():
         tokens, targets, _ = overwrite_batch(gen_eval, 256, n_keys, n_writes, vocab)

@@ -76,24 +76,33 @@ class ZoologyModel(nn.Module):
         return self.head(x)  # (B, T, vocab)
 
 
+def fit_queries(model: nn.Module, batches, steps: int, lr: float, n_context: int, seed: int) -> None:
+    """Train `model` in place on the queries of `steps` batches: ``batches(gen)`` returns (tokens (B, T), targets
+    (B, T - n_context)) and the loss is cross-entropy at the positions after the first `n_context` tokens. AdamW
+    (no weight decay), one-cycle schedule to `lr`, gradient clipping at 1, batches drawn from a generator seeded
+    ``10_000 + seed``: the recipe of every MQAR run in chapter 13."""
+    _validate.positive_int("steps", steps)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    for _ in range(steps):
+        tokens, targets = batches(gen)[:2]
+        logits = model(tokens)[:, n_context:]  # (B, queries, vocab) the query positions
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+
+
 def train_zoology(kind: str, short_conv: bool, n_pairs: int, seed: int, steps: int = 400, batch_size: int = 32,
                   lr: float = 1e-2, vocab: int = 64, d_model: int = 32) -> float:
     """Train a :class:`ZoologyModel` from `seed`; held-out accuracy over 256 sequences' queries."""
     _validate.positive_int("steps", steps)
     torch.manual_seed(seed)
     model = ZoologyModel(kind, short_conv, d_model=d_model, vocab=vocab)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    for _ in range(steps):
-        tokens, targets = zoology_batch(gen, batch_size, n_pairs, vocab)
-        logits = model(tokens)[:, 2 * n_pairs:]  # (B, N, vocab) the query positions
-        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+    fit_queries(model, lambda gen: zoology_batch(gen, batch_size, n_pairs, vocab), steps, lr, 2 * n_pairs, seed)
     with torch.no_grad():
         tokens, targets = zoology_batch(torch.Generator().manual_seed(20_000 + seed), 256, n_pairs, vocab)
         return float((model(tokens)[:, 2 * n_pairs:].argmax(-1) == targets).float().mean())

@@ -43,3 +43,4 @@ def test_stored_run_matches_the_module():
     assert (cfg["n_keys"], cfg["n_writes"], cfg["vocab"], cfg["steps"], cfg["lr"], cfg["batch"]) == (
         mo.N_KEYS, mo.N_WRITES, mo.VOCAB, mo.STEPS, mo.LR, mo.BATCH)
     assert cfg["seeds"] == [0, 1, 2] and all(len(runs) == 3 for runs in stored["runs"].values())
+    assert set(stored["runs"]) == set(mo.KINDS)  # softmax attention included: the control

@@ -108,8 +108,7 @@ def test_stored_lr_run_matches_the_code():
     stored = json.loads((ROOT / "notebooks/results/ch13_text_lm_lr.json").read_text())
     cfg = stored["config"]
     assert cfg["lr"] == 0.01 and (cfg["context"], cfg["steps"], cfg["batch"]) == (th.CONTEXT, th.STEPS, th.BATCH)
-    assert {n for n, e in stored["schedules"].items() if sorted(e["runs"]) == ["0", "1", "2"]} == {
-        "softmax", "softmax + conv", "Gated DeltaNet"}
+    assert {n for n, e in stored["schedules"].items() if sorted(e["runs"]) == ["0", "1", "2"]} == set(th.SCHEDULES)
     data = shakespeare_chars(ROOT / "notebooks/data/shakespeare/coriolanus.txt")
     live = th.train("softmax + conv", 0, data, stop=2, lr=0.01)
     assert live["train"] == pytest.approx(stored["schedules"]["softmax + conv"]["runs"]["0"]["train"][:2], abs=2e-3)
