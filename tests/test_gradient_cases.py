@@ -47,7 +47,7 @@ def via_integers_glued(q, k, v, is_causal=False):
 def test_a_result_computed_outside_pytorch_is_refused_by_its_gradient(tmp_path, monkeypatch):
     ex = checks.get("12-sigmoid")
     cases = ex.make_cases()
-    assert sum(gradients.is_added(c) for c in cases) == 1 and checks.declared(cases) == len(cases) - 1
+    assert sum(gradients.is_added(c) for c in cases) == 1 and gradients.declared(cases) == len(cases) - 1
     for answer in map(as_learner, (via_integers, via_integers_glued)):
         for case in cases[:-1]:  # the declared cases pass: the read-out budget does not see integers
             got = checks.evaluate(ex, answer, case)

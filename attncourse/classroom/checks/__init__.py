@@ -36,7 +36,6 @@ The exercise standard (issue 15; ``tests/test_exercise_standard.py`` enforces it
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import math
@@ -232,13 +231,7 @@ def exercise(id: str, target: str, *, points: float = 1.0, hint: str = "", kind:
         for name in (id, *aliases):
             if name in _REGISTRY or name in _ALIASES:
                 raise ValueError(f"exercise id {name!r} is registered twice")
-        def cases() -> list[Case]:  # the declared cases, and the gradient case where one applies (.gradients)
-            declared = make_cases()
-            extra = gradients.gradient_case(_REGISTRY[id], declared)
-            return declared if extra is None else [*declared, extra]
-
-        functools.update_wrapper(cases, make_cases)  # its module names the exercise's chapter module (grading.watch)
-        cases.declared = make_cases  # the exercise's own cases, without the gradient case
+        cases = gradients.with_gradient_case(make_cases, lambda: _REGISTRY[id])
 
         _REGISTRY[id] = Exercise(id, target, cases, float(points), hint, kind, numpy, tuple(forbid),
                                  title or make_cases.__doc__ or "", category, tuple(shortcuts), tuple(parts),
@@ -346,11 +339,6 @@ def judge_property(ex: Exercise, runs: list[Run]) -> str | None:
     return ex.prop(runs)
 
 
-def declared(cases: list[Case]) -> int:
-    """How many of `cases` the exercise declares (a gradient case added by :mod:`.gradients` is not counted)."""
-    return sum(not gradients.is_added(c) for c in cases)
-
-
 def case_label(case: Case) -> str:
     """A case's name as feedback quotes it (in “…”, so that a name holding ' or " reads right)."""
     return f"“{case.name}”"
@@ -419,7 +407,7 @@ def check(exercise_id: str, answer: Any = _MISSING) -> None:
         raise CheckFailed("\n".join([f"✗ {ex.id}: every case gives the right result, but not the way this exercise "
                                      f"asks", f"  {_cut(detail, 400)}"] + ([f"  hint: {ex.hint}"] if ex.hint else [])))
     _PASSED.add(ex.id)
-    print(f"✓ {ex.id}: all {declared(cases)} case(s) passed")
+    print(f"✓ {ex.id}: all {gradients.declared(cases)} case(s) passed")
 
 
 install_notes()

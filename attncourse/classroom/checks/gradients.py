@@ -21,9 +21,24 @@ case of its own gets no second one.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import forbidden
+
+
+def with_gradient_case(make_cases, exercise):
+    """`make_cases` followed by the gradient case of ``exercise()`` where one applies; it keeps `make_cases`'s name and
+    module (the grader's watch maps a module to its exercises by it) and holds it as ``.declared``."""
+    def cases():
+        declared = make_cases()
+        extra = gradient_case(exercise(), declared)
+        return declared if extra is None else [*declared, extra]
+
+    functools.update_wrapper(cases, make_cases)
+    cases.declared = make_cases
+    return cases
 
 
 def _real_valued(x) -> bool:
@@ -118,3 +133,8 @@ def _judge(judged, names, base):
 def is_added(case) -> bool:
     """Whether `case` is a gradient case added here (not counted among the exercise's declared cases)."""
     return bool(getattr(case, "added", False))
+
+
+def declared(cases) -> int:
+    """How many of `cases` the exercise declares (a gradient case added here is not counted)."""
+    return sum(not is_added(c) for c in cases)

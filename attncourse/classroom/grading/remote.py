@@ -125,7 +125,7 @@ def judge(ex: checks.Exercise, cases: list[checks.Case], reply: dict) -> tuple[s
     detail = checks.judge_property(ex, runs)
     if detail:
         return "failed", f"every case gives the right result, but not the way this exercise asks: {detail}"
-    return "passed", f"all {checks.declared(cases)} case(s) passed"
+    return "passed", f"all {checks.gradients.declared(cases)} case(s) passed"
 
 
 class StudentCall(Exception):
