@@ -103,8 +103,10 @@ class SinkLogitAttention(MultiHeadAttention):
 
 class GatedAttention(MultiHeadAttention):
     r"""Qiu et al. (2025)'s gated attention (their G1, elementwise, head-specific): softmax attention whose output
-    is multiplied by :math:`\sigma(x W_g)` before the output projection; ``gate_proj`` maps the layer's input
-    (the same x the queries come from) to H x D gates. Adds ``d_model * H * D`` weights.
+    is multiplied by :math:`\sigma(x W_g + b_g)` before the output projection; ``gate_proj`` maps the layer's input
+    (the same x the queries come from) to H x D gates. Adds ``d_model * H * D`` weights and the bias ``b_g``, which
+    is this course's addition: Qiu et al.'s code and Qwen3-Next compute the gate without a bias, as extra output
+    columns of the query projection.
     ``forward(x, *, attn_mask=None, is_causal=False, return_weights=False)``: self-attention only; the weights
     returned are the softmax map (before the gate), and ``self.last_gate`` keeps the gates (B, H, T, D), or
     (B, H, T, 1) head-wise.

@@ -466,3 +466,21 @@ def test_gated_attention(tmp_path, monkeypatch):
             checks.check("12-gated-attention",
                          lambda x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads, where=where:
                          _gated(x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads, where))
+
+
+def test_gated_attention_lazy_import_names_the_function(tmp_path, monkeypatch):
+    """Review 14: a course module imported inside the answer ran its class bodies under the watch, and the refusal
+    named one of them (SoftpickAttention) instead of the function called (softcap_attention)."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "attncourse.sink_fixes", raising=False)  # restored after the test
+
+    def via_softcap(x, w_q, w_k, w_v, w_g, b_g, w_o, n_heads):
+        from attncourse.sink_fixes import softcap_attention
+        b, t, d = x.shape
+        split = lambda y: y.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # noqa: E731
+        heads = softcap_attention(split(x @ w_q), split(x @ w_k), split(x @ w_v), cap=1e9, is_causal=True)
+        return (heads * torch.sigmoid(split(x @ w_g + b_g))).transpose(1, 2).reshape(b, t, d) @ w_o
+
+    with pytest.raises(checks.CheckFailed, match="sink_fixes.softcap_attention"):
+        checks.check("12-gated-attention", as_learner(via_softcap))

@@ -134,7 +134,9 @@ def judge(spec: SmallEdit, answer: str, target: str = "your function") -> str | 
     if n > spec.most:
         return (f"{target} differs from the given function in {n} tokens (comments, docstrings, spacing and the "
                 f"function's name not counted); a fix needs at most {spec.most}: start from a copy of the given "
-                "function and change only what is wrong in it")
+                "function under the new name and change only what is wrong in it, in place (a rewrite, or a "
+                "wrapper that calls or corrects the given function, is not accepted even when its values are right: "
+                "the check judges the edit that locates the bug)")
     if extra:
         return (f"{target} uses names the given function does not ({', '.join(extra[:5])}): fix the given function "
                 "itself, with a small edit, rather than calling other code")
