@@ -115,9 +115,10 @@ def translate(model: Seq2Seq, corpus: Corpus, english: list[str], max_len: int =
 
 
 def chrf(hypotheses: list[str], references: list[str], order: int = 6, beta: float = 2.0) -> float:
-    """Corpus-level chrF (Popovic 2015), as sacrebleu computes it by default: character n-grams of orders 1 to
-    `order` with spaces removed, counts summed over all sentences, an F-score with recall weighted `beta` times
-    precision for each order, averaged over the orders that have n-grams on both sides; 0-100."""
+    """Corpus-level chrF (Popovic 2015): character n-grams of orders 1 to `order` with spaces removed, counts summed
+    over all sentences (as sacrebleu counts), an F-score with recall weighted `beta` times precision for each order,
+    averaged over the orders that have n-grams on both sides; 0-100. sacrebleu's default instead takes one F-score of
+    the precision and recall averaged over the orders: the same when each order's precision equals its recall."""
     if len(hypotheses) != len(references):
         raise ValueError(f"hypotheses and references must have the same length, got {len(hypotheses)} and "
                          f"{len(references)}")

@@ -300,6 +300,17 @@ def test_padding_mask_fills(tmp_path, monkeypatch):
     accepted("01-padding-mask", fill(-1e30, True), tmp_path, monkeypatch)
 
 
+def test_padding_mask_refuses_softmax_then_renormalise(tmp_path, monkeypatch):
+    """The review's route: a softmax over the whole row, then zeroing the padding and renormalising, is right only
+    while the padding's scores are not far above the real ones; the case with padding 1000 above refuses it."""
+    def renormalised(scores, lengths):
+        w = torch.softmax(scores, -1) * (torch.arange(scores.shape[1]) < lengths[:, None])
+        return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+
+    msg, _ = _verdicts("01-padding-mask", renormalised, tmp_path, monkeypatch)
+    assert msg is not None and "1000 above" in msg, msg
+
+
 def test_padding_mask_accepts_the_logsumexp_spellings(tmp_path, monkeypatch):
     """The review's route: a right masked softmax written as exp(s - logsumexp(s)) rounds the logsumexp of scores near
     -3e9 (float64 spacing 4.8e-7 there); it and exp(log_softmax) pass, check cell and grader alike."""

@@ -114,3 +114,13 @@ def test_stored_dot_models_are_the_stored_runs_models():
     accuracy = accuracy_by_length(model.eval(), lengths, 200)
     torch.testing.assert_close(torch.tensor([accuracy[n] for n in lengths]), torch.tensor(stored["accuracy"]["dot"][2]),
                                rtol=0, atol=0.005)
+
+
+def test_general_identity_file_has_its_writer_in_the_lesson():
+    """RETRAIN=1 re-creates results/ch02_general_identity.json: the lesson's cell that reads it also writes it, with
+    the run the stored-run test above retrains one seed of (batch 32, 200 steps, seeds 0-2)."""
+    nb = nbformat.read(ROOT / "notebooks" / "02_luong_attention.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "STORED_ID =" in c.source)
+    assert 'run_seeds(["general-identity"], SEEDS, config, lengths=lengths, n=200' in cell
+    assert "if retrain and not FULL:" in cell and "STORED_ID.write_text(" in cell
+    assert "if FULL:" in cell  # FULL=1 trains on batches of 64: the batch-32 comparison is not made there

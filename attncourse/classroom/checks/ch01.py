@@ -292,7 +292,8 @@ def _one_masked_softmax(runs) -> str | None:
                    "mask, is refused; so are nested (ragged) tensors, which do the ragged part for you), and output "
                    "equality: exact zeros past each length and on empty rows, a distribution "
                    "over the real positions, wherever the real scores lie (one case puts them near -5000 and one near "
-                   "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included); a plain softmax is "
+                   "-3e9, so a fill that is only large next to scores near 0 fails, -1e9 included; one puts the padding's "
+                   "1000 above the real ones, so softmax-then-zero-and-renormalise fails); a plain softmax is "
                    "allowed, the masking and the empty row are the skill. A finite fill far below every score "
                    "(-1e30) followed by zeroing the empty rows is a right answer in float64: it decides the empty "
                    "row, which is the point. Two cases ask for the gradient of the scores too (autograd's on the "
@@ -332,6 +333,11 @@ def _masked_softmax():
         cases.insert(3 if b == 3 else len(cases), graphs.backward_case(
             f"the backward pass: the gradient of the scores ({b} x {t}, lengths {args[1].tolist()})", args,
             lambda s, _, pad=pad: torch.softmax(s.masked_fill(pad, float("-inf")), -1)))
+    # padding scores can be anything: 1000 above the real ones, softmax-mask-renormalise underflows to 0 (float64)
+    lengths_t, mask = torch.tensor([2, 4]), torch.arange(5) < torch.tensor([[2], [4]])  # (B,), (B, T)
+    scores = torch.randn(2, 5, generator=gen, dtype=torch.float64) * 3 + 1000.0 * ~mask
+    cases.append(Case("the padding's scores sit 1000 above the real ones (the real weights must still sum to 1)",
+                      (scores, lengths_t), expected=torch.softmax(scores.masked_fill(~mask, -torch.inf), -1)))
     return cases
 
 
