@@ -20,7 +20,7 @@ PREDICT_CASES = {(0.0, 1.0): "tie", (0.0, 0.5): "tie", (0.3, 1.0): "mean", (1.0,
 def _verdict(what: str):
     def rule(got, expected):
         if not isinstance(got, str) or got not in VERDICTS:
-            return f"expected one of {', '.join(map(repr, VERDICTS))} for {what}, got {got!r}"
+            return f"expected one of the four verdicts the exercise names (a str) for {what}, got {got!r}"
         return None if got == expected else NOT_RIGHT
     return rule
 
