@@ -139,7 +139,7 @@ def test_grouped_alibi(tmp_path, monkeypatch):
 
 def rope_pairs(x, positions, base):
     d = x.shape[-1]
-    angle = positions.double()[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = positions.double()[:, None, :, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     c, s = torch.cos(angle), torch.sin(angle)
     even, odd = x[..., 0::2].double(), x[..., 1::2].double()
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).to(x.dtype)
@@ -147,7 +147,7 @@ def rope_pairs(x, positions, base):
 
 def rope_by_exp_1j(x, positions, base):  # complex numbers without view_as_complex, polar or complex
     d = x.shape[-1]
-    rot = torch.exp(1j * positions.double()[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rot = torch.exp(1j * positions.double()[:, None, :, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
     z = (x[..., 0::2].double() + 1j * x[..., 1::2].double()) * rot
     return torch.stack([z.real, z.imag], dim=-1).flatten(-2).to(x.dtype)
 
@@ -155,7 +155,7 @@ def rope_by_exp_1j(x, positions, base):  # complex numbers without view_as_compl
 def rope_by_halves(x, positions, base):  # the course's halves RoPE on permuted dims
     d = x.shape[-1]
     perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
-    return apply_rope(x[..., perm], positions, base=base)[..., perm.argsort()]
+    return apply_rope(x[..., perm], positions[:, None], base=base)[..., perm.argsort()]
 
 
 def test_rope_pairs(tmp_path, monkeypatch):
@@ -168,8 +168,22 @@ def test_rope_pairs(tmp_path, monkeypatch):
 def rope_by_complex_view(x, positions, base):  # the cold review's route: a dtype view and a complex scalar
     d = x.shape[-1]
     cdt = torch.complex128 if x.dtype == torch.float64 else torch.complex64
-    ang = positions.to(x.dtype)[:, None] * base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
+    ang = positions.to(x.dtype)[:, None, :, None] * base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
     return (x.contiguous().view(cdt) * torch.exp(1j * ang)).view(x.dtype)
+
+
+def rope_pairs_over_heads(x, positions, base):  # positions lined up with the heads, not the sequences: (B, T) as (H, T)
+    d = x.shape[-1]
+    angle = positions.double()[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (B, T, D/2)
+    c, s = torch.cos(angle), torch.sin(angle)
+    even, odd = x[..., 0::2].double(), x[..., 1::2].double()
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).to(x.dtype)
+
+
+def test_rope_pairs_positions_per_sequence():  # a batch with as many sequences as heads catches the broadcast
+    with pytest.raises(Exception) as info:
+        checks.check("06-rope-pairs", rope_pairs_over_heads)
+    assert "called" not in str(info.value)
 
 
 def test_rope_pairs_refuses_complex_dtype_view(tmp_path, monkeypatch):

@@ -389,9 +389,8 @@ def closer_conversion_reference(seed: int, spread: float, others: float) -> str:
 
 @exercise("05-conversion-experiment", "closer_conversion", points=2, category="experiment",
           allow=("attncourse.mha.MultiHeadAttention", "attncourse.gqa.mha_to_gqa"),
-          hint="measure both conversions' relative output error on the layer you built; think about which query "
-               "heads reach the output and how much, and which K/V each conversion leaves them; halfway, only the "
-               "measurement decides")
+          hint="measure both conversions' relative output error on the layer you built, drawn in the order the "
+               "exercise gives; return the verdict of the measurement, not of a rule")
 def _conversion_experiment():
     """Which conversion, mean-pool or first head, stays closer to the MHA layer, as the heads and W_O change?"""
     grid = [(seed, spread, others) for seed in (0, 1) for spread in (0.0, 0.5) for others in (1.0, 0.0)]

@@ -212,21 +212,21 @@ def _predict():
 
 
 def _shortcut_rope_pairs(x, positions, base):
-    return apply_rope(x, positions, base=base, interleaved=True)
+    return apply_rope(x, positions[:, None], base=base, interleaved=True)  # (B, T) -> (B, 1, T): one row per sequence
 
 
 def _shortcut_rope_complex(x, positions, base):
     d = x.shape[-1]
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    rot = torch.polar(torch.ones_like(theta), positions.double()[..., None] * theta)
+    rot = torch.polar(torch.ones_like(theta), positions.double()[:, None, :, None] * theta)
     return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
 
 
 def _shortcut_rope_complex_scalar(x, positions, base):  # complex numbers without view_as_complex
     d = x.shape[-1]
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    rot = torch.exp(1j * positions.double()[:, None] * theta)  # (T, D/2) complex
+    rot = torch.exp(1j * positions.double()[:, None, :, None] * theta)  # (B, 1, T, D/2) complex
     z = (x[..., 0::2].double() + 1j * x[..., 1::2].double()) * rot
     return torch.stack([z.real, z.imag], dim=-1).flatten(-2).to(x.dtype)
 
@@ -235,26 +235,41 @@ def _shortcut_rope_complex_scalar(x, positions, base):  # complex numbers withou
 # (test_rope_pairs_refuses_complex_dtype_view).
 
 
+def _rope_pairs_reference(x, positions, base):
+    """Sequence by sequence with the course's pairs layout: no broadcasting to get wrong."""
+    return torch.stack([apply_rope(x[b], positions[b], base=base, interleaved=True) for b in range(x.shape[0])])
+
+
 @exercise("06-rope-pairs", "rope_pairs", points=3, category="implement",
           forbid=("attncourse.positions.apply_rope", "torch.view_as_complex", "torch.polar", "torch.complex"),
           shortcuts=(_shortcut_rope_pairs, _shortcut_rope_complex, _shortcut_rope_complex_scalar), allow=(),
           ops=("complex",),
           prop_doc="output equality with real arithmetic is the property: every way into or out of complex numbers "
                    "(view_as_complex, polar, complex, view_as_real behind .real, a dtype view to a complex dtype, any "
-                   "operator on a complex tensor) is refused as an operator",
-          hint="the lesson rotated halves; here dims 2i and 2i+1 form pair i. Which frequency does pair i turn at, "
-               "and what does a 2-D rotation by an angle do to the two numbers of a pair?")
+                   "operator on a complex tensor) is refused as an operator. What passing proves: the pairs layout "
+                   "(dims 2i, 2i+1 at base^(-2i/D)) and per-sequence position ids (B, T) broadcast over the heads of "
+                   "x (B, H, T, D); the course's apply_rope takes one row of positions for every head as written, "
+                   "and a batch with as many sequences as heads catches positions broadcast over the heads instead. "
+                   "A renamed copy of the course's halves rotation on permuted dims, its positions broadcast per "
+                   "sequence, also passes: it needs the same two facts",
+          hint="dims 2i and 2i+1 form pair i. Which frequency does pair i turn at, what does a 2-D rotation by an angle "
+               "do to the two numbers of a pair, and which axis of x must a sequence's positions line up with?")
 def _rope_pairs():
-    """RoPE in the paper's (and Meta LLaMA's) layout: pairs of neighbouring dims, in real arithmetic."""
+    """RoPE in the paper's (and Meta LLaMA's) layout, pairs of neighbouring dims in real arithmetic, for a batch
+    whose sequences have their own position ids (left padding, packed documents, a cache at different lengths)."""
     gen = torch.Generator().manual_seed(61)
     cases = []
-    for name, (shape, start, base) in {"(2, 3, 7, 8) at 0..6, base 10000": ((2, 3, 7, 8), 0, 10000.0),
-                                       "(5, 16) at 100..104, base 500000": ((5, 16), 100, 500000.0),
-                                       "(1, 2, 1, 4): one token at position 41": ((1, 2, 1, 4), 41, 10000.0)}.items():
+    for name, (shape, rows, base) in {
+            "(2, 3, 7, 8): a plain row and a left-padded one, base 10000":
+                ((2, 3, 7, 8), [list(range(7)), [1, 1, 1, 0, 1, 2, 3]], 10000.0),
+            "(3, 2, 5, 16) at 100..104, two packed documents, left padding; base 500000":
+                ((3, 2, 5, 16), [list(range(100, 105)), [0, 1, 2, 0, 1], [1, 1, 0, 1, 2]], 500000.0),
+            "(4, 4, 6, 8): as many sequences as heads, each at its own offset":
+                ((4, 4, 6, 8), [list(range(o, o + 6)) for o in (0, 9, 30, 2)], 10000.0),
+            "(1, 2, 1, 4): one token at position 41": ((1, 2, 1, 4), [[41]], 10000.0)}.items():
         x = torch.randn(*shape, generator=gen, dtype=torch.float64)
-        pos = torch.arange(start, start + shape[-2])
-        cases.append(Case(name, (x, pos, base), expected=apply_rope(x, pos, base=base, interleaved=True),
-                          rtol=1e-7, atol=1e-9))
+        pos = torch.tensor(rows)
+        cases.append(Case(name, (x, pos, base), expected=_rope_pairs_reference(x, pos, base), rtol=1e-7, atol=1e-9))
     return cases
 
 

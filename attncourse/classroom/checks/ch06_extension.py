@@ -58,7 +58,7 @@ YARN_CONFIGS = [(16, 10000.0, 4.0, 64, 32.0, 1.0), (32, 10000.0, 4.0, 16, 32.0, 
                 (64, 10000.0, 4.0, 2048, 32.0, 1.0)]
 
 
-@exercise("06-yarn-frequencies", "yarn_inv_freq", points=3, category="implement", allow=(), ops=(),
+@exercise("06-yarn-frequencies", "yarn_inv_freq", points=2, category="implement", allow=(), ops=(),
           forbid=("attncourse.positions.rope_inv_freq", "attncourse.positions.yarn_ramp", "attncourse.ctx_extension.scalings"),
           shortcuts=(_yarn_by_course, _yarn_by_scalings),
           prop_doc="output equality is the property: the frequencies are the whole of YaRN's by-parts rule, judged "
@@ -66,7 +66,10 @@ YARN_CONFIGS = [(16, 10000.0, 4.0, 64, 32.0, 1.0), (32, 10000.0, 4.0, 16, 32.0, 
                    "betas) against the course's rope_inv_freq and a transcription of Hugging Face's "
                    "_compute_yarn_parameters, which agree; the paper's ramp in turns, the ramp without rounding and "
                    "Llama 3.1's rule give other numbers on some of them; every course function (rope_inv_freq, yarn_ramp, the "
-                   "scalings, the checker's references) and every copy of one is refused",
+                   "scalings, the checker's references) is refused, and so is a verbatim copy of one. A transcription "
+                   "passes: the rule is a few lines, and yarn_ramp's arithmetic retyped with other names (the copy "
+                   "detector lets short formulas through) is a right answer. So the exercise is worth 2 points, for reading "
+                   "the released code's rounding rule into code, not 3 for deriving it",
           hint="write down, for a pair i, how many turns it makes over original_max positions, invert that to find "
                "the (fractional) pair index that makes beta_fast turns and the one that makes beta_slow turns, round "
                "them outward to whole pairs as the released code does, and ramp linearly in the pair index between "
