@@ -38,13 +38,19 @@ def _best_time(fn, repeats: int) -> float:
     return best
 
 
-def measure_bandwidth(mib: int = 256, repeats: int = 5) -> float:
-    """Memory bandwidth in bytes/s: best time to copy a float32 buffer of `mib` MiB into another (STREAM's
-    "copy": every byte read once and written once, so 2 x `mib` MiB move). Use a buffer several times the
-    last-level cache, or the caches answer instead of memory."""
+def measure_bandwidth(mib: int = 256, repeats: int = 5, kind: str = "copy") -> float:
+    """Memory bandwidth in bytes/s over a float32 buffer of `mib` MiB. ``kind="copy"``: best time to copy it into
+    another (STREAM's "copy": every byte read once and written once, so 2 x `mib` MiB move; the write also reads
+    the destination into the cache first, which the count does not see). ``kind="read"``: best time of its max,
+    a pure read of `mib` MiB, the traffic pattern of a matrix-vector product streaming its weights. Use a buffer
+    several times the last-level cache, or the caches answer instead of memory."""
     _validate.positive_int("mib", mib)
     _validate.positive_int("repeats", repeats)
+    if kind not in ("copy", "read"):
+        raise ValueError(f"kind must be 'copy' or 'read', got {kind!r}")
     src = torch.ones(mib * 2**20 // 4)  # float32
+    if kind == "read":
+        return src.numel() * 4 / _best_time(lambda: src.amax(), repeats)
     dst = torch.empty_like(src)
     seconds = _best_time(lambda: dst.copy_(src), repeats)
     return 2 * src.numel() * 4 / seconds

@@ -40,6 +40,7 @@ def test_roof():
 
 def test_measurements_are_positive():
     assert 0 < measure_bandwidth(mib=8, repeats=1) < math.inf
+    assert 0 < measure_bandwidth(mib=8, repeats=1, kind="read") < math.inf
     assert 0 < measure_peak_flops(n=64, repeats=1) < math.inf
     points = roofline_points(WeightStack(d_model=32, n_layers=2), [1, 3], repeats=1)
     assert [p.tokens for p in points] == [1, 3] and all(p.seconds > 0 for p in points)
@@ -52,6 +53,8 @@ def test_bad_input():
         roofline_points(WeightStack(d_model=8, n_layers=1), [0])
     with pytest.raises(ValueError, match="mib"):
         measure_bandwidth(mib=-1)
+    with pytest.raises(ValueError, match="kind"):
+        measure_bandwidth(mib=8, kind="write")
 
 
 def test_cached_step_and_speedups_are_positive_medians():
