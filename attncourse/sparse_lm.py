@@ -14,6 +14,10 @@ the play; the last 10% held out), windows of :data:`CONTEXT` characters, and let
   branch of its own block, the block before it (NSA's forced local blocks) and the top earlier blocks by the
   compressed probabilities (:func:`learned_sparse.nsa_select`), mixed by learned sigmoid gates per head; no window
   branch (NSA's would read keys beyond the budget);
+* ``nsa_win`` (not in :data:`METHODS`; the control for ``nsa``): NSA with its window branch at the same budget: a
+  window branch over the last ``BUDGET / 2`` keys, a selected branch of its own block (inside the window) and the
+  ``BUDGET / (2 BLOCK)`` best earlier blocks by the compressed probabilities, and the compressed branch, mixed by
+  three sigmoid gates per head; the distinct keys a query reads stay at most ``BUDGET``;
 * ``dsa``: the ``BUDGET`` single tokens with the best lightning-indexer scores (:func:`learned_sparse.indexer_scores`,
   :data:`INDEX_HEADS` heads of :data:`INDEX_DIM`, with RoPE, on the layer's input *detached*; one choice shared by
   the heads, as in DSA's MQA mode), the indexer trained only by :func:`learned_sparse.indexer_kl_loss` toward the
@@ -47,6 +51,7 @@ from .sdpa import scaled_dot_product_attention
 __all__ = ["METHODS", "SparseLM", "token_mask", "train", "main"]
 
 METHODS = ("dense", "window", "fixed", "moba", "nsa", "dsa")
+ALL_METHODS = METHODS + ("nsa_win",)  # nsa_win: NSA-style with its window branch (a stored control)
 CONTEXT, BLOCK, BUDGET = 256, 8, 32  # characters per window; key block; keys a query may read (4 blocks)
 D_MODEL, N_HEADS, HEAD_DIM, N_LAYERS, D_FF = 32, 2, 16, 2, 128
 INDEX_HEADS, INDEX_DIM = 4, 16
@@ -79,15 +84,15 @@ class SparseAttention(nn.Module):
     def __init__(self, method: str, d_model: int = D_MODEL, n_heads: int = N_HEADS, head_dim: int = HEAD_DIM,
                  block: int = BLOCK, budget: int = BUDGET) -> None:
         super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method not in ALL_METHODS:
+            raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
         if budget % block or budget < 2 * block:
             raise ValueError(f"budget ({budget}) must be a multiple of block ({block}) and at least two blocks")
         self.method, self.h, self.hd, self.block, self.budget = method, n_heads, head_dim, block, budget
         self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=False)
         self.out = nn.Linear(n_heads * head_dim, d_model, bias=False)
-        if method == "nsa":
-            self.gate = nn.Linear(d_model, 2 * n_heads)  # per head: compressed, selected
+        if method in ("nsa", "nsa_win"):  # per head: compressed, selected (and window)
+            self.gate = nn.Linear(d_model, (2 + (method == "nsa_win")) * n_heads)
         if method == "dsa":
             self.idx_q = nn.Linear(d_model, INDEX_HEADS * INDEX_DIM, bias=False)
             self.idx_k = nn.Linear(d_model, INDEX_DIM, bias=False)
@@ -109,6 +114,10 @@ class SparseAttention(nn.Module):
                 prev = torch.arange(probs.shape[-1])[None, :] == own[:, None] - 1  # (T, nB) the block before
                 sel = nsa_select(probs + 10.0 * prev, self.h, n_sel - 1, self.block)  # forced, then top n_sel - 2
                 return blocks_to_mask(sel, self.block, t)
+            if self.method == "nsa_win":  # own block (inside the window) and the best budget / (2 block) earlier
+                probs = compressed_attention(q, k, k, self.block)[1]
+                sel = nsa_select(probs, self.h, self.budget // (2 * self.block), self.block)
+                return blocks_to_mask(sel, self.block, t)
         b = x.shape[0]  # dsa
         xi = x.detach()  # the indexer reads the layer's input detached, as in DeepSeek-V3.2
         qi = apply_rope(self.idx_q(xi).view(b, t, INDEX_HEADS, INDEX_DIM).transpose(1, 2))  # (B, HI, T, DI)
@@ -126,12 +135,16 @@ class SparseAttention(nn.Module):
         q, k, v = (z.reshape(b, t, self.h, self.hd).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
         q, k = apply_rope(q), apply_rope(k)  # (B, H, T, hd)
         mask = self._mask(x, q, k)
-        self.keys_read = mask.float().sum(-1).mean(dim=(0, 1)) if mask.dim() == 4 else None  # (T,)
+        win = token_mask("window", t, self.block, self.budget // 2)[None, None] if self.method == "nsa_win" else None
+        read = mask if win is None else mask | win  # the distinct keys a query reads
+        self.keys_read = read.float().sum(-1).mean(dim=(0, 1)) if read.dim() == 4 else None  # (T,)
         o = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, hd)
-        if self.method == "nsa":
+        if self.method in ("nsa", "nsa_win"):
             o_cmp = compressed_attention(q, k, v, self.block)[0]  # (B, H, T, hd)
-            g = torch.sigmoid(self.gate(x)).view(b, t, self.h, 2).transpose(1, 2)  # (B, H, T, 2)
-            o = g[..., :1] * o_cmp + g[..., 1:] * o
+            g = torch.sigmoid(self.gate(x)).view(b, t, self.h, -1).transpose(1, 2)  # (B, H, T, 2 or 3)
+            o = g[..., :1] * o_cmp + g[..., 1:2] * o
+            if win is not None:
+                o = o + g[..., 2:] * scaled_dot_product_attention(q, k, v, win)
         return self.out(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -181,8 +194,8 @@ def train(method: str, seed: int, data: tuple[torch.Tensor, torch.Tensor, str] |
     """Train `method` from `seed` (AdamW, one-cycle to `lr`, clipping at 1, batch :data:`BATCH`); returns the training
     loss per step and the held-out scores of :func:`evaluate`. `stop`: end after that many steps of the same run
     (a slice of a stored run, re-measured; no evaluation)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in ALL_METHODS:
+        raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
     _validate.positive_int("steps", steps)
     if stop is not None and not (isinstance(stop, int) and 0 < stop <= steps):
         raise ValueError(f"stop must be an int in 1..steps={steps}, got {stop!r}")
@@ -214,14 +227,15 @@ def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds:
     """Train every method on every seed for `steps`; write the results to `path` (JSON). ``METHOD`` in the
     environment restricts one process to some methods, comma-separated (parallel jobs; merge the files by hand).
     The lesson's longer control: ``FULL=1 METHOD=dense,window STEPS=600
-    OUT=notebooks/results/ch14_sparse_lm_long_full.json python -m attncourse.sparse_lm``."""
+    OUT=notebooks/results/ch14_sparse_lm_long_full.json python -m attncourse.sparse_lm``; NSA with its window
+    branch: ``FULL=1 METHOD=nsa_win OUT=notebooks/results/ch14_sparse_lm_nsawin_full.json``."""
     torch.set_num_threads(1)
     data = shakespeare_chars(DATA)
     result = {"config": {"context": CONTEXT, "block": BLOCK, "budget": BUDGET, "d_model": D_MODEL, "n_heads": N_HEADS,
                          "n_layers": N_LAYERS, "steps": steps, "batch": BATCH, "lr": LR, "far": FAR,
                          "eval_windows": EVAL_WINDOWS, "seeds": list(seeds)}, "runs": {}}
     only = os.environ.get("METHOD")
-    for method in METHODS:
+    for method in ALL_METHODS if only else METHODS:
         if only and method not in only.split(","):
             continue
         result["runs"][method] = {}

@@ -142,7 +142,8 @@ def test_bug_right_answer_and_library_routes(tmp_path, monkeypatch):
     ns = {"torch": torch, "math": math, "AttentionState": State, "finalize_attention_state": finish,
           "online_attention_update": upd}
     for old, new in (("set(best.tolist())", "{b for b in best.tolist() if earlier[i, b]}"),
-                     ("min(top_k - 1, nb - 1)", "min(top_k - 1, int(earlier[i].sum()))")):
+                     ("min(top_k - 1, nb - 1)", "min(top_k - 1, int(earlier[i].sum()))"),
+                     ("in sorted(chosen)", "in sorted(b for b in chosen if b <= own[i])")):  # filtered in the loop
         edited = cell_function(BUGGY_MOBA.replace(old, new).replace("attention(", "attention_fixed("),
                                "moba_attention_fixed", ns)
         checks.check("14-find-the-bug-1", edited)

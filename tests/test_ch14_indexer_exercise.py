@@ -37,6 +37,15 @@ def test_gathering_by_flat_indices_passes(tmp_path, monkeypatch):
     accepted("14-indexer-decode", by_take, tmp_path, monkeypatch)
 
 
+def test_gathering_by_embedding_passes(tmp_path, monkeypatch):
+    def by_embedding(q, k, v, q_index, w_index, k_index, top_k):  # F.embedding(idx, cache) is a row gather too
+        chosen = torch.sort(torch.topk(torch.relu(k_index @ q_index.T) @ w_index, min(top_k, len(k))).indices)[0]
+        keys, values = torch.nn.functional.embedding(chosen, k), torch.nn.functional.embedding(chosen, v)
+        return torch.softmax(q @ keys.T / math.sqrt(q.shape[1]), 1) @ values, chosen
+
+    accepted("14-indexer-decode", by_embedding, tmp_path, monkeypatch)
+
+
 def test_dense_then_mask_and_row_by_row_reads_refused(tmp_path, monkeypatch):
     def dense_weights_zeroed(q, k, v, q_index, w_index, k_index, top_k):  # every weight, then the unselected zeroed
         chosen = torch.sort(torch.topk(torch.relu(k_index @ q_index.T) @ w_index, min(top_k, len(k))).indices)[0]

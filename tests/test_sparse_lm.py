@@ -113,3 +113,21 @@ def test_stored_longer_control_is_the_same_recipe_twice_as_long():
         assert set(runs) == {"0", "1", "2"} and all(len(r["train"]) == 2 * sl.STEPS for r in runs.values())
         for seed, run in runs.items():  # the same batches: the first steps of a one-cycle run to 600 differ only by
             assert run["train"][0] == short["runs"][method][seed]["train"][0]  # the rate, which starts equal
+
+
+def test_nsa_with_its_window_branch_reads_at_most_the_budget():
+    layer = _layer("nsa_win")
+    x = torch.randn(2, T, 32)
+    layer(x)  # the distinct keys of its three branches: the window, its own and the best earlier blocks
+    assert layer.keys_read.max() <= BUD and layer.keys_read[-1] > BUD // 2
+    assert layer.gate.out_features == 3 * 2  # compressed, selected and window, per head
+    with pytest.raises(ValueError, match="method"):
+        sl.SparseAttention("nsa_window", 32, 2, 16)
+
+
+def test_stored_window_branch_control_is_the_same_recipe():
+    short = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_full.json").read_text())
+    ctrl = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_nsawin_full.json").read_text())
+    assert ctrl["config"] == short["config"] and list(ctrl["runs"]) == ["nsa_win"]
+    for seed, run in ctrl["runs"]["nsa_win"].items():
+        assert len(run["train"]) == sl.STEPS and run["far_keys_read"] <= sl.BUDGET

@@ -100,8 +100,8 @@ def _chunk_by_chunk(runs) -> str | None:
         (t_few, w_few), (t_many, w_many) = min(rows), max(rows)
         if t_many > t_few and w_many > w_few + 8:
             return (f"your code runs {w_many} PyTorch operations for {t_many} tokens and {w_few} for {t_few}, in "
-                    f"{n} chunks both times: the work grows with the tokens, so it steps through them one at a "
-                    "time; treat each chunk as a whole")
+                    f"{n} chunks both times: the number of operations grows with the tokens inside a chunk (a loop "
+                    "over tokens, or a scan over them in log-many steps); treat each chunk as a whole")
     for run in runs:
         T, chunk, n = _chunks(run)
         q, k, v = run.case.args[:3]

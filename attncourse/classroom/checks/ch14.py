@@ -283,7 +283,7 @@ def _block_loop_reference(q, k, v, block, top_k):
           allow=("attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.finalize_attention_state",
                  "attncourse.online_softmax.AttentionState"),
           ops=("attention", "softmax", "logsumexp"),
-          prop=edits.prop(edits.SmallEdit(BUGGY_MOBA, most=14, lines=(13, 14, 15),
+          prop=edits.prop(edits.SmallEdit(BUGGY_MOBA, most=14, lines=(13, 14, 15, 18),  # 18: filter the loop's blocks
                                           names=("int", "sum", "item", "isfinite", "isinf", "isneginf", "values")),
                           "`moba_attention_fixed`", also=_budgeted_reads),
           breakers=(_breaker_dense, _breaker_every_block, _breaker_rewrite_moba),

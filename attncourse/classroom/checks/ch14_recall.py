@@ -56,7 +56,8 @@ def _op_work(name: str, shapes: list) -> int:
 _VIEWS = re.compile(r"^(view|_unsafe_view|reshape|_reshape_alias|select|slice|expand|expand_as|unsqueeze|squeeze|"
                     r"transpose|permute|t|alias|as_strided|detach|unbind|split|split_with_sizes|chunk|narrow|unflatten|"
                     r"flatten|lift_fresh|view_as|movedim|diagonal|_to_copy_view)$")
-_INDEXING = re.compile(r"^(index|index_put_|index_put|_index_put_impl_|index_select|gather|take|take_along_dim)$")
+_INDEXING = re.compile(r"^(index|index_put_|index_put|_index_put_impl_|index_select|gather|take|take_along_dim|"
+                       r"embedding)$")  # embedding(weight, indices): a row gather, like index_select
 _RECALL_PASSES = 6  # passes over the keys an honest measurement may make (the solutions make about 1: the pooling)
 
 
