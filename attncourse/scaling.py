@@ -127,7 +127,8 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
         ``"max_logit"`` the largest :math:`|s|` in the batch (after the scale, the norm and the cap),
         ``"saturated_grad_share"`` the saturated rows' share of :math:`\sum_{\text{rows}} \|\partial L/\partial s\|^2`
         (how much of the step's logit gradient they carry), ``"saturated_wrong"`` the share of rows saturated on a
-        key other than the asked-for one, ``"saturated_wrong_loss"`` those rows' share of the batch's loss.
+        key other than the asked-for one, ``"saturated_wrong_loss"`` those rows' share of the batch's loss, ``"entropy"`` the mean over rows of the
+        attention row's entropy in nats (at most :math:`\log n_{keys}`; near 0 for one-hot rows).
 
     Raises:
         ValueError: if `d_k` is not a positive int, `scale` is not accepted or `cap` is not positive.
@@ -145,7 +146,7 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
     gains = [torch.ones(d_k, requires_grad=True) for _ in range(2)] if qk_norm else []  # (d_k,) each
     opt = torch.optim.Adam([w_q, w_k, *gains], lr=config.lr)
     names = ("loss", "saturated", "logit_grad", "max_logit", "saturated_grad_share", "saturated_wrong",
-             "saturated_wrong_loss")
+             "saturated_wrong_loss", "entropy")
     trace = {name: torch.empty(config.steps) for name in names}
     for step in range(config.steps):
         tokens, values, queries, target = lookup_batch(config, gen)
@@ -176,4 +177,6 @@ def train_lookup(d_k: int, scale: str | float, seed: int, config: LookupConfig |
         trace["saturated_wrong_loss"][step] = row_loss[wrong].sum() / row_loss.sum().clamp_min(1e-30)
         trace["logit_grad"][step] = logits.grad.norm(dim=-1).median()
         trace["max_logit"][step] = logits.detach().abs().max()
+        w = weights.detach()
+        trace["entropy"][step] = -(w * w.clamp_min(1e-30).log()).sum(-1).mean()
     return trace

@@ -46,7 +46,8 @@ def test_train_lookup_is_deterministic_and_learns():
     torch.testing.assert_close(a["loss"], b["loss"])
     assert a["loss"][-10:].mean() < 0.5 * a["loss"][:10].mean()
     assert set(a) == {"loss", "saturated", "logit_grad", "max_logit", "saturated_grad_share", "saturated_wrong",
-                      "saturated_wrong_loss"} and a["loss"].shape == (60,)
+                      "saturated_wrong_loss", "entropy"} and a["loss"].shape == (60,)
+    assert ((a["entropy"] >= 0) & (a["entropy"] <= math.log(config.n_keys) + 1e-5)).all()
 
 
 def test_saturated_rows_traces():
