@@ -11,11 +11,11 @@ require gradients (:data:`forbidden.BACKWARD`); the expected value is what the e
 functions doing the same job, run unguarded) give for the result and for the gradients of every real-valued floating
 input, for one fixed upstream gradient. The case is added only when some shortcut returns a single floating tensor
 with an autograd graph and every shortcut that has one agrees on the gradients, so an exercise whose job has no
-gradient (a Triton kernel, indices, a gradient zero everywhere) gets none. Results that are tuples get none either: how a tuple's
-items (an output and its running maximum, say) pass gradients differs between right answers. Inputs that are masks or
-positions stored as floats (every value an integer, or some not finite) are left out of the comparison: an answer may
-read them as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise with a backward
-case of its own gets no second one.
+gradient (a Triton kernel, indices, a gradient zero everywhere) gets none. Results that are tuples get none either:
+how a tuple's items (an output and its running maximum, say) pass gradients differs between right answers. Inputs that
+are masks or positions stored as floats (every value an integer, or some not finite) are left out of the comparison:
+an answer may read them as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise
+with a backward case of its own gets no second one.
 """
 
 from __future__ import annotations
