@@ -96,7 +96,8 @@ def gradient_case(ex, cases):
             return None  # the library answers disagree on the gradient: nothing to hold an answer to
     if not any(bool(first[1 + i].abs().gt(0).any()) for i in judged):
         return None  # the job passes no gradient (a rounding, a selection): a case would judge nothing
-    names = [f"argument {i + 1}" for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    names = [f"argument {i + 1}" for i, a in enumerate(base.args)
+             if isinstance(a, torch.Tensor) and a.is_floating_point()]  # aligned with the gradients
     case = Case(f"{base.name}, gradients too", tuple(base.args), {**kwargs, forbidden.BACKWARD: True},
                 expected=first, compare=_judge(judged, names, base), rtol=base.rtol, atol=base.atol)
     case.added = True  # not one of the exercise's declared cases: "all N case(s) passed" counts those
@@ -105,7 +106,8 @@ def gradient_case(ex, cases):
 
 def _differs(got, ref) -> bool:
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    return bool(((got.double() - ref.double()).abs() > 1e-3 * scale + 1e-6).any()) or not bool(torch.isfinite(got).all())
+    far = bool(((got.double() - ref.double()).abs() > 1e-3 * scale + 1e-6).any())
+    return far or not bool(torch.isfinite(got).all())
 
 
 def _judge(judged, names, base):
