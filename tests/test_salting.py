@@ -19,7 +19,10 @@ SALT = 20261128
 # Exercises whose cases take no seed (fixed sizes or hand-written inputs): salting cannot change them, so a table
 # of their expected values would still answer the grader. None is left: every exercise draws at least some of its
 # cases from a seed. The test below fails when an exercise joins this list, so that joining it stays a decision.
-FIXED_CASES: set[str] = set()
+# Exercises whose cases are the same under every salt, each with its reason. 05-conversion-predict: its eight
+# verdicts are a table measured offline over 12 seeds (tests/test_ch05_predict.py re-measures some), which a
+# salted grader cannot re-measure in time; the prediction's tries limit (checks/tries.py) stops a search over it.
+FIXED_CASES: set[str] = {"05-conversion-predict"}
 
 
 def test_every_seeding_route_is_mixed_and_restored():
