@@ -31,16 +31,16 @@ def _trained():
 
 def _pooled(weights, window, kernel):
     """(..., P - window) float64: the earlier keys' votes, averaged over `kernel` neighbours (zeros beyond the ends)."""
-    p = weights.shape[-1]
-    votes = weights[..., p - window:, :p - window].double().sum(-2)
+    n = weights.shape[-1] - window  # the earlier keys
+    votes = weights[..., n:, :n].double().sum(-2)  # (..., n)
     lead = votes.shape[:-1]
-    return F.avg_pool1d(votes.reshape(-1, 1, p - window), kernel, stride=1, padding=kernel // 2).reshape(*lead, -1)
+    return F.avg_pool1d(votes.reshape(-1, 1, n), kernel, stride=1, padding=kernel // 2).reshape(*lead, n)
 
 
 def _judge(weights, budget, window, kernel, run=None):
     """A compare: the answer keeps the window and `budget - window` earlier keys whose pooled votes are the largest
     (ties to rounding may go either way); with `run`, the trained model's answers from that cache equal SnapKV's."""
-    p = weights.shape[-1]
+    p = int(weights.shape[-1])  # prompt keys
 
     def compare(got, expected):
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or got.shape != expected.shape:
