@@ -13,7 +13,9 @@ H2O's heavy hitters and SnapKV's observation-window vote, measured on a model wh
   `window` queries of the prompt (the observation window) vote with their attention for the earlier keys; the votes
   are pooled along the keys (so a kept key brings its neighbours) and the top ones are kept with the window. The
   reference code (FasterDecoding/SnapKV, ``snapkv_utils.py``) defaults to average pooling with kernel 5
-  (``pool="avg", kernel=5`` here); this course's default, max-pooling with kernel 7, is our choice.
+  (``pool="avg", kernel=5`` here) over the earlier keys' votes only (``pool_window=False`` here; by default the
+  window's own keys' votes are pooled too, which moves the keys next to the window); this course's default,
+  max-pooling with kernel 7, is our choice.
 
 :func:`compressed_eval` runs an :class:`~attncourse.heads.AttnOnlyTransformer` on prompts followed by teacher-forced
 continuations, with every layer's prompt keys compressed as a server would compress them once the prefill is done,
@@ -108,7 +110,7 @@ def h2o_keep(weights: torch.Tensor, budget: int, recent: int, sinks: int = 0) ->
 
 
 def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7, *, pool: str = "max",
-                sinks: int = 0) -> torch.Tensor:
+                sinks: int = 0, pool_window: bool = True) -> torch.Tensor:
     """SnapKV on a prompt: the last `window` queries vote (their attention summed over the window), the votes are
     pooled along the keys with an odd `kernel`, and the `budget - window` best earlier keys are kept with the
     window's own keys.
@@ -116,19 +118,24 @@ def snapkv_keep(weights: torch.Tensor, budget: int, window: int, kernel: int = 7
     weights: (..., T, T) the prompt's causal attention maps. budget, window: keys kept per head, and how many of them
     are the observation window. kernel: odd pooling width. pool: ``"max"`` (this course's default) or ``"avg"``
     (the reference code's default, with zero padding counted, as ``F.avg_pool1d`` does). sinks: the first `sinks`
-    keys are kept whatever the vote, inside the budget. Returns bool (..., T), True = kept. Raises ValueError for an
-    even kernel, an unknown pool, a budget below the window or more sinks than the budget leaves."""
+    keys are kept whatever the vote, inside the budget. pool_window: pool the votes along all T keys (this course's
+    convention), or, when False, along the T - window earlier keys only, zero beyond both ends (the reference
+    code's). Returns bool (..., T), True = kept. Raises ValueError for an even kernel, an unknown pool, a budget
+    below the window or more sinks than the budget leaves."""
     t = _check_maps(weights, budget, window, sinks)
     _validate.positive_int("kernel", kernel)
     if kernel % 2 == 0:
         raise ValueError(f"kernel must be odd, got {kernel}")
     if pool not in ("max", "avg"):
         raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
+    if budget >= t:
+        return torch.ones(weights.shape[:-1], dtype=torch.bool, device=weights.device)
     votes = weights[..., t - window:, :].sum(-2)  # (..., T)
+    n = t if pool_window else t - window  # the keys pooled: all, or the earlier ones only
     lead = votes.shape[:-1]
     pooler = F.max_pool1d if pool == "max" else F.avg_pool1d
-    pooled = pooler(votes.reshape(-1, 1, t), kernel, stride=1, padding=kernel // 2).reshape(*lead, t)
-    return _keep_top(pooled, window, budget, sinks)
+    pooled = pooler(votes[..., :n].reshape(-1, 1, n), kernel, stride=1, padding=kernel // 2).reshape(*lead, n)
+    return _keep_top(F.pad(pooled, (0, t - n)), window, budget, sinks)  # the window is kept whatever it scores
 
 
 def retrieval_batch(generator: torch.Generator, batch: int, seg_len: int, vocab: int, question: int, answer: int

@@ -113,20 +113,26 @@ def prefill_maps(model, tokens: torch.Tensor, prompt_len: int) -> list[torch.Ten
 
 def answer_accuracy(model, tokens: torch.Tensor, prompt_len: int, answers: torch.Tensor, policy: str = "full",
                     budget: int | None = None, *, window: int = N_QUERIES, kernel: int = 5, decoded: bool = False,
-                    generator: torch.Generator | None = None, maps: list[torch.Tensor] | None = None) -> dict:
+                    generator: torch.Generator | None = None, maps: list[torch.Tensor] | None = None,
+                    keeps: list[torch.Tensor] | None = None) -> dict:
     """Answer accuracy when every layer's prompt keys are cut by `policy` after the prefill (:func:`keep_masks`);
     the continuation's queries see the kept prompt keys and every continuation key. Teacher-forced, or with
     ``decoded=True`` each answer is the model's own greedy token, fed back before the next query. `window`: the
     observation window (SnapKV) or recent keys (H2O, random); `kernel`: SnapKV's pooling width; `maps`: the
-    prefill's attention maps, if :func:`prefill_maps` computed them already (one prefill for many policies).
-    Returns ``{"accuracy", "per_answer" (m,), "pred" (B, m) the answers given, "kept" (mean prompt keys kept per
+    prefill's attention maps, if :func:`prefill_maps` computed them already (one prefill for many policies);
+    `keeps`: per layer, bool (B, H, P) kept prompt keys chosen elsewhere, in place of `policy`'s. Returns ``{"accuracy", "per_answer" (m,), "pred" (B, m) the answers given, "kept" (mean prompt keys kept per
     head)}``."""
     _validate.tensor("tokens", tokens, min_rank=2)
     b, t = tokens.shape
     with torch.no_grad():
         if maps is None:
             maps = prefill_maps(model, tokens, prompt_len)
-        keeps = keep_masks(maps, policy, budget, window=window, kernel=kernel, generator=generator)
+        if keeps is None:
+            keeps = keep_masks(maps, policy, budget, window=window, kernel=kernel, generator=generator)
+        elif len(keeps) != len(maps) or any(k.shape != m.shape[:-1] or k.dtype != torch.bool
+                                            for k, m in zip(keeps, maps)):
+            raise ValueError(f"keeps must hold one bool (B, H, P) mask per layer, like the maps' "
+                             f"{[tuple(m.shape[:-1]) for m in maps]}, got {[tuple(k.shape) for k in keeps]}")
         masks = []
         for keep in keeps:
             allowed = torch.ones(b, keep.shape[1], t, t, dtype=torch.bool).tril()

@@ -54,6 +54,11 @@ def test_h2o_and_snapkv_equal_brute_force_selections():
     padded = torch.nn.functional.pad(votes, (2, 2))  # the reference code's avg_pool1d: zero padding counted
     averaged = torch.stack([padded[..., j:j + 5].sum(-1) / 5 for j in range(12)], -1)
     agrees_with_brute_force(snapkv_keep(w, 7, 3, kernel=5, pool="avg"), averaged, 3, 7)
+    earlier = torch.nn.functional.pad(votes[..., :9], (2, 2))  # the reference code pools the earlier keys' votes only
+    averaged = torch.stack([earlier[..., j:j + 5].sum(-1) / 5 for j in range(9)], -1)  # (2, 3, 9)
+    agrees_with_brute_force(snapkv_keep(w, 7, 3, kernel=5, pool="avg", pool_window=False),
+                            torch.nn.functional.pad(averaged, (0, 3)), 3, 7)
+    assert snapkv_keep(w, 12, 3, pool_window=False).all()
     with pytest.raises(ValueError, match="pool"):
         snapkv_keep(w, 7, 3, pool="sum")
     assert h2o_keep(w, 12, 2).all()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attncourse.kv_compress import compressed_eval
-from attncourse.kv_recall import answer_accuracy, keep_masks, planted_recall_model, question_batch
+from attncourse.kv_recall import (answer_accuracy, keep_masks, planted_recall_model, prefill_maps,
+                                  question_batch)
 
 
 def test_question_batch_layout():
@@ -52,6 +53,12 @@ def test_answers_match_compressed_eval_and_a_greedy_decode():
         for pos in answers.tolist():
             seq[:, pos] = model(seq)[:, pos - 1].argmax(-1)
     assert torch.equal(answer_accuracy(model, tokens, prompt, answers, "full", decoded=True)["pred"], seq[:, answers])
+    maps = prefill_maps(model, tokens, prompt)  # masks chosen elsewhere give what the same policy gives
+    mine = [keep.clone() for keep in keep_masks(maps, "h2o", 6, window=2)]
+    assert torch.equal(answer_accuracy(model, tokens, prompt, answers, keeps=mine, maps=maps)["pred"],
+                       answer_accuracy(model, tokens, prompt, answers, "h2o", 6, window=2, maps=maps)["pred"])
+    with pytest.raises(ValueError, match="keeps"):
+        answer_accuracy(model, tokens, prompt, answers, keeps=mine[:1], maps=maps)
 
 
 def test_planted_circuit_needs_one_value_per_question_key():
