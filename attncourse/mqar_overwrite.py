@@ -9,7 +9,7 @@ weight; the delta rule replaces what the state returns for the key being written
 
 Same two-layer models as :mod:`attncourse.mqar_tokens` (:class:`attncourse.mqar_tokens.ZoologyModel`, with the
 short convolution, no positional encoding), trained by :func:`train_overwrite`. ``FULL=1 python -m
-attncourse.mqar_overwrite`` trains 4 kinds x 3 seeds and writes ``notebooks/results/ch13_mqar_overwrite.json``.
+attncourse.mqar_overwrite`` trains 5 kinds x 3 seeds and writes ``notebooks/results/ch13_mqar_overwrite.json``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from . import _validate
 from .mqar_tokens import ZoologyModel, fit_queries
 
-KINDS = ("softmax", "linear", "deltanet", "gated_deltanet")
+KINDS = ("softmax", "linear", "mamba2", "deltanet", "gated_deltanet")
 N_KEYS, N_WRITES, VOCAB = 8, 32, 64  # 8 distinct keys written 32 times: 4 writes per key on average
 STEPS, LR, BATCH = 300, 3e-2, 32  # the best rate of chapter 13's sweep for all three linear kinds (N = 32)
 
@@ -100,5 +100,5 @@ def main(path: str | Path = "notebooks/results/ch13_mqar_overwrite.json", seeds:
 
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
-        raise SystemExit("set FULL=1 to train 4 kinds x 3 seeds (several CPU minutes each)")
+        raise SystemExit("set FULL=1 to train 5 kinds x 3 seeds (several CPU minutes each)")
     main(os.environ.get("OUT", "notebooks/results/ch13_mqar_overwrite.json"), lr=float(os.environ.get("LR", LR)))

@@ -25,7 +25,7 @@ from .sdpa import scaled_dot_product_attention
 
 RULES = ("softmax", "linear", "delta")
 NEEDLE_RULES = ("softmax", "linear", "delta", "gated delta")
-MIXERS = ("softmax", "linear", "gla", "deltanet", "gated_deltanet", "kda")
+MIXERS = ("softmax", "linear", "gla", "deltanet", "gated_deltanet", "kda", "mamba2")
 
 
 # ----------------------------------------------------------------------------- untrained: the update rule alone
@@ -144,10 +144,18 @@ def mqar_batch(gen: torch.Generator, batch_size: int, n_pairs: int, n_keys: int 
 
 
 class Mixer(nn.Module):
-    """One sequence-mixing layer: softmax attention or one of the linear-attention family, (B, T, d) -> (B, T, d).
+    r"""One sequence-mixing layer: softmax attention or one of the linear-attention family, (B, T, d) -> (B, T, d).
 
     Linear kinds L2-normalise q and k per head (as DeltaNet and Gated DeltaNet do); ``"gla"`` and ``"kda"`` have a
     decay per key channel, ``"gated_deltanet"`` one per head; the delta kinds have a write strength beta per head.
+    ``"mamba2"`` is Mamba-2's recurrence (SSD; Dao and Gu 2024, arXiv:2405.21060) in the same frame: one scalar decay
+    per head :math:`a_t = e^{-A \Delta_t}` with :math:`\Delta_t = \mathrm{softplus}(w^\top x_t + b)`, the write
+    scaled by :math:`\Delta_t` (:math:`S_t = a_t S_{t-1} + \Delta_t k_t v_t^\top`), no delta correction; q, k
+    play C, B and are L2-normalised like the other kinds' (Mamba-2 leaves them unnormalised), so that Gated
+    DeltaNet differs from it only by the delta update. A and the bias of :math:`\Delta` start as mamba_ssm's
+    defaults: A uniform in [1, 16], :math:`\Delta` log-uniform in [0.001, 0.1]. As in Mamba-2's layer, the output is
+    RMS-normalised (per head here, with a learned weight; Mamba-2 also gates it) before the output projection: the
+    write is scaled by :math:`\Delta_t`, so without the norm the read is as small as :math:`\Delta`.
     """
 
     def __init__(self, kind: str, d_model: int, n_heads: int, chunk_size: int = 32):
@@ -159,9 +167,15 @@ class Mixer(nn.Module):
         self.kind, self.h, self.dh, self.chunk = kind, n_heads, d_model // n_heads, chunk_size
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
-        n_gate = {"gla": d_model, "kda": d_model, "gated_deltanet": n_heads}.get(kind, 0)
+        n_gate = {"gla": d_model, "kda": d_model, "gated_deltanet": n_heads, "mamba2": n_heads}.get(kind, 0)
         self.gate = nn.Linear(d_model, n_gate) if n_gate else None
-        if self.gate is not None:  # start with decays near 1 (e^-0.007 per step): forget slowly until trained
+        if kind == "mamba2":  # mamba_ssm's initialisation: A in [1, 16], dt = softplus(bias) in [0.001, 0.1]
+            self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1, 16).log())
+            self.norm = nn.RMSNorm(self.dh)  # Mamba-2's norm before the output projection, per head
+            dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))
+            with torch.no_grad():
+                self.gate.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # the inverse of softplus
+        elif self.gate is not None:  # start with decays near 1 (e^-0.007 per step): forget slowly until trained
             nn.init.constant_(self.gate.bias, 5.0)
         self.beta = nn.Linear(d_model, n_heads) if kind in ("deltanet", "gated_deltanet", "kda") else None
 
@@ -173,13 +187,19 @@ class Mixer(nn.Module):
         else:
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
             g = beta = None
-            if self.gate is not None:
+            if self.kind == "mamba2":
+                dt = F.softplus(self.gate(x)).transpose(1, 2)  # (B,H,T) step size Delta_t > 0
+                g = -torch.exp(self.A_log)[:, None] * dt  # (B,H,T) log-decay -A Delta_t
+                v = v * dt[..., None]  # the write Delta_t k_t v_t^T (B's discretisation)
+            elif self.gate is not None:
                 g = F.logsigmoid(self.gate(x))  # (B,T,H or d) log-decay in (-inf, 0)
                 g = g.transpose(1, 2) if self.kind == "gated_deltanet" else \
                     g.view(B, T, self.h, self.dh).transpose(1, 2)  # (B,H,T) or (B,H,T,dh)
             if self.beta is not None:
                 beta = torch.sigmoid(self.beta(x)).transpose(1, 2)  # (B,H,T) in (0, 1)
             o, _ = la.chunked(q, k, v, g, beta, chunk_size=self.chunk, scale=1.0)
+            if self.kind == "mamba2":
+                o = self.norm(o)  # (B,H,T,dh)
         return self.out(o.transpose(1, 2).reshape(B, T, -1))  # (B,T,d)
 
 

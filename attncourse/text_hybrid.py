@@ -1,4 +1,4 @@
-r"""Softmax, Gated DeltaNet and a 3:1 hybrid as character language models on *Coriolanus*, at one parameter budget.
+r"""Softmax, Gated DeltaNet and 3:1 hybrids as character language models on *Coriolanus*, at one parameter budget.
 
 Chapter 13's trained comparisons are synthetic (recall, parity, counting). This module trains the three layer
 schedules on text: :func:`attncourse.char_lm.shakespeare_chars` (90% train, the last 10% held out), one character
@@ -12,13 +12,17 @@ with ``d_model = 32`` and 2 heads of 16; only the mixers differ, by a pattern st
 - ``"C"``: the same softmax attention with Gated DeltaNet's short convolution (a causal depthwise filter over the
   last 4 tokens, then SiLU) on q, k and v before RoPE: the control that asks whether the convolution, not the
   recurrence, is what separates the two models;
+- ``"W"``: the ``"A"`` layer restricted to a sliding window of the last :data:`WINDOW` characters, as in the
+  sliding-window hybrids of Gated DeltaNet (H1, H2; Yang et al. 2024, arXiv:2412.06464) and Based (Arora et al.
+  2024, arXiv:2402.18668);
 - ``"G"``: :class:`attncourse.gated_deltanet.GatedDeltaNet` (short convolution, L2-normalised q and k, the gated
   delta rule in its chunkwise form, output RMSNorm and gate). It takes no position encoding, as in fla and
   Qwen3-Next: order enters through the convolution and the recurrence.
 
-The MLP width of each schedule is set by :func:`matched_ff` so that the three models' parameter counts agree to
-within 0.5% (:func:`n_params`). ``FULL=1 python -m attncourse.text_hybrid`` trains 3 schedules x 3 seeds and writes
-``notebooks/results/ch13_text_lm.json`` (:func:`main`).
+The MLP width of each schedule is set by :func:`matched_ff` so that the models' parameter counts agree to
+within 0.5% (:func:`n_params`). ``FULL=1 python -m attncourse.text_hybrid`` trains every schedule x 3 seeds and writes
+``notebooks/results/ch13_text_lm.json`` (:func:`main`; the stored file at 3e-3 predates ``"W"``, which is stored at
+``LR=0.01`` only, in ``ch13_text_lm_lr.json``).
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from .sdpa import scaled_dot_product_attention
 CONTEXT = 128  # characters per training window
 D_MODEL, N_HEADS, HEAD_DIM, N_LAYERS = 32, 2, 16, 4
 SCHEDULES = {"softmax": "AAAA", "Gated DeltaNet": "GGGG", "hybrid 3:1": "GGGA",  # GDN : softmax = 3 : 1
-             "softmax + conv": "CCCC"}  # the control: softmax attention with the same short convolution
+             "softmax + conv": "CCCC",  # the control: softmax attention with the same short convolution
+             "hybrid 3:1, window": "GGGW"}  # the attention layer sees the last WINDOW characters only
+WINDOW = 32  # characters a "W" layer's query sees (itself and the 31 before it): a quarter of CONTEXT
 CONV_SIZE = 4  # the short convolution's kernel, as in Gated DeltaNet
 BASE_FF = 128  # the MLP width of the all-Gated-DeltaNet model; the others are widened to match its count
 STEPS, BATCH, LR = 300, 16, 3e-3
@@ -52,14 +58,19 @@ EVAL_EVERY, EVAL_WINDOWS = 50, 64  # held-out loss every 50 steps on 64 fixed wi
 class GatedRopeAttention(nn.Module):
     """Causal softmax attention with RoPE and a sigmoid output gate: (B, T, d_model) -> (B, T, d_model).
     `short_conv`: pass q, k and v through a causal depthwise convolution of :data:`CONV_SIZE` taps and SiLU first,
-    initialised and applied as :class:`attncourse.gated_deltanet.GatedDeltaNet` does."""
+    initialised and applied as :class:`attncourse.gated_deltanet.GatedDeltaNet` does. `window`: each query sees
+    only itself and the `window` - 1 tokens before it (None: every earlier token)."""
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, short_conv: bool = False) -> None:
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, short_conv: bool = False,
+                 window: int | None = None) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("head_dim", head_dim)):
             _validate.positive_int(name, value)
         if not isinstance(short_conv, bool):
             raise TypeError(f"short_conv must be a bool, got {type(short_conv).__name__}")
+        if window is not None:
+            _validate.positive_int("window", window)
+        self.window = window
         self.n_heads, self.head_dim = n_heads, head_dim
         self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=False)
         self.conv_weight = (nn.Parameter(torch.randn(3 * n_heads * head_dim, CONV_SIZE) / math.sqrt(CONV_SIZE))
@@ -74,26 +85,33 @@ class GatedRopeAttention(nn.Module):
             padded = F.pad(qkv, (0, 0, CONV_SIZE - 1, 0))  # (B, T + K - 1, C)
             qkv = F.silu((padded.unfold(1, CONV_SIZE, 1) * self.conv_weight).sum(-1))  # (B, T, C, K) -> (B, T, C)
         q, k, v = (t.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in qkv.chunk(3, -1))
-        o = scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)  # (B, H, T, hd)
+        if self.window is None:
+            o = scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)  # (B, H, T, hd)
+        else:  # key j is seen by query i iff i - window < j <= i
+            lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T) i - j
+            mask = (lag >= 0) & (lag < self.window)
+            o = scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, attn_mask=mask)  # (B, H, T, hd)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(self.gate(x))  # the output gate
         return self.out(o)
 
 
 class TextHybrid(nn.Module):
     """tokens (B, T) -> logits (B, T, vocab): pre-norm blocks whose mixers follow `pattern` ("A" softmax with
-    RoPE, "C" the same with a short convolution, "G" Gated DeltaNet). Raises ValueError for a pattern with other letters, TypeError/ValueError for sizes."""
+    RoPE, "C" the same with a short convolution, "W" the same over a sliding window of :data:`WINDOW`, "G" Gated
+    DeltaNet). Raises ValueError for a pattern with other letters, TypeError/ValueError for sizes."""
 
     def __init__(self, vocab_size: int, pattern: str, d_ff: int, d_model: int = D_MODEL, n_heads: int = N_HEADS,
                  head_dim: int = HEAD_DIM) -> None:
         super().__init__()
-        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "A", "C"}:
-            raise ValueError(f"pattern must be a non-empty string of 'G', 'A' and 'C', got {pattern!r}")
+        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "A", "C", "W"}:
+            raise ValueError(f"pattern must be a non-empty string of 'G', 'A', 'C' and 'W', got {pattern!r}")
         for name, value in (("vocab_size", vocab_size), ("d_ff", d_ff)):
             _validate.positive_int(name, value)
         self.pattern = pattern
         self.tok = nn.Embedding(vocab_size, d_model)
         self.mixers = nn.ModuleList(GatedDeltaNet(d_model, n_heads, head_dim, chunk_size=64) if c == "G"
-                                    else GatedRopeAttention(d_model, n_heads, head_dim, short_conv=c == "C")
+                                    else GatedRopeAttention(d_model, n_heads, head_dim, short_conv=c == "C",
+                                                            window=WINDOW if c == "W" else None)
                                     for c in pattern)
         self.norms = nn.ModuleList(nn.RMSNorm(d_model) for _ in range(2 * len(pattern) + 1))
         self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(d_model, d_ff), nn.SiLU(), nn.Linear(d_ff, d_model))
@@ -226,5 +244,5 @@ def merge(paths: list[str | Path], path: str | Path) -> dict:
 
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
-        raise SystemExit("set FULL=1 to train 3 schedules x 3 seeds (tens of CPU minutes)")
+        raise SystemExit("set FULL=1 to train every schedule x 3 seeds (tens of CPU minutes)")
     main(os.environ.get("OUT", "notebooks/results/ch13_text_lm.json"), lr=float(os.environ.get("LR", LR)))
