@@ -82,5 +82,5 @@ def test_wrong_score_and_typed_numbers_refused(tmp_path, monkeypatch):
     def typed(q, k, v, q_index, w_index, k_index, top_k):
         return table[top_k]
 
-    checks.check(ex.id, typed)  # the check cell's fixed cases are fooled; the grader's salted ones are not
+    failure(ex.id, typed)  # the check cell's gradient case refuses typed numbers: they carry no gradient
     assert _grader(ex, typed, SALT, tmp_path, monkeypatch)[0] in ("failed", "error")

@@ -100,3 +100,46 @@ def test_every_exercise_still_names_its_chapter_module():
     """The grader's watch (grading.watch) finds an exercise's check module by its case builder's module."""
     for ex in checks.registry().values():
         assert ex.make_cases.__module__.rsplit(".", 1)[-1].startswith(ex.chapter.join(("ch", ""))), ex.id
+
+
+def merge_many_honest(m_all, l_all):
+    m = m_all.amax(dim=0)
+    return m, (torch.exp(m_all - m.masked_fill(torch.isneginf(m), 0.0)) * l_all).sum(dim=0)
+
+
+def merge_many_via_integers(m_all, l_all):
+    """08-merge-many's (max, sum) computed in plain Python on integers read out of the tensors."""
+    scale = 2 ** 40
+    empty = torch.isneginf(m_all).flatten().tolist()
+    ms = (m_all.masked_fill(torch.isneginf(m_all), 0) * scale).round().long().flatten().tolist()
+    ls = (l_all * scale).round().long().flatten().tolist()
+    ms = [-math.inf if e else x / scale for x, e in zip(ms, empty)]
+    k, n = m_all.shape[0], len(ms) // m_all.shape[0]
+    m = [max(ms[j * n + i] for j in range(k)) for i in range(n)]
+    lsum = [sum(math.exp(ms[j * n + i] - m[i]) * ls[j * n + i] / scale if ms[j * n + i] > -math.inf else 0.0
+                for j in range(k)) for i in range(n)]
+    m = torch.tensor(m, dtype=m_all.dtype)
+    return m.reshape(m_all.shape[1:]), torch.tensor(lsum, dtype=l_all.dtype).reshape(l_all.shape[1:])
+
+
+def test_a_tuple_result_is_judged_by_its_first_item_gradient(tmp_path, monkeypatch):
+    """An exercise whose answer is a tuple gets the case too, judged on the first item (the result): 08-merge-many's
+    declared cases pass the integer route; its gradient case and the grader refuse it, and pass the honest answer."""
+    ex = checks.get("08-merge-many")
+    cases = ex.make_cases()
+    assert sum(gradients.is_added(c) for c in cases) == 1
+    cheat = as_learner(merge_many_via_integers)
+    for case in cases[:-1]:
+        assert checks.feedback(ex, checks.evaluate(ex, cheat, case), case) is None, case.name
+    with pytest.raises(checks.CheckFailed, match="gradient"):
+        checks.check(ex.id, cheat)
+    status, message = Grader(tmp_path, monkeypatch)(ex, cheat, cases)
+    assert status in ("failed", "error") and "gradient" in message, message
+    checks.check(ex.id, as_learner(merge_many_honest))
+
+
+@pytest.mark.parametrize("exercise_id", ["09-tiled-forward", "10-online-update", "07-cache-update"])
+def test_no_gradient_case_where_right_answers_have_no_graph(exercise_id):
+    """In-place updates of full-size state (09) or of the arguments (07), a Triton kernel (10): right answers
+    autograd cannot follow."""
+    assert not any(gradients.is_added(c) for c in checks.get(exercise_id).make_cases())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attncourse.classroom import checks
-from attncourse.classroom.checks import salting
+from attncourse.classroom.checks import gradients, salting
 from attncourse.classroom.grading.remote import KERNEL_SIDE, judge
 
 SALT = 20261128
@@ -98,7 +98,8 @@ def _grader(ex, answer, salt, tmp_path, monkeypatch):
 @pytest.mark.parametrize("exercise_id", ["03-variance-experiment", "06-rope-convert", "11-merge-ranks", "14-moba-gate"])
 def test_a_table_of_the_check_cells_answers_passes_the_cell_but_not_the_grader(exercise_id, tmp_path, monkeypatch):
     """The lookup-table route: top-level code builds the registry's cases (the check cell's, from fixed seeds) and
-    the answer looks its input up. The check cell cannot tell; the grader's salted cases can."""
+    the answer looks its input up. The check cell cannot tell (unless the exercise has a gradient case: a looked-up
+    value carries no gradient); the grader's salted cases can."""
     ex = checks.get(exercise_id)
     table = [(c.args, c.kwargs, c.expected) for c in ex.make_cases()]  # top-level code, unguarded
 
@@ -108,7 +109,11 @@ def test_a_table_of_the_check_cells_answers_passes_the_cell_but_not_the_grader(e
                 return expected
         raise KeyError("not in my table")
 
-    checks.check(exercise_id, lookup)  # the check cell is fooled: it uses the fixed seeds
+    if any(gradients.is_added(c) for c in ex.make_cases()):  # a looked-up value carries no gradient
+        with pytest.raises(checks.CheckFailed):
+            checks.check(exercise_id, lookup)
+    else:
+        checks.check(exercise_id, lookup)  # the check cell is fooled: it uses the fixed seeds
     status, message = _grader(ex, lookup, SALT, tmp_path, monkeypatch)
     assert status in ("failed", "error"), (status, message)  # a wrong value, or an input not in the table
 

@@ -134,6 +134,7 @@ def _cache_update_in_place(runs) -> str | None:
           forbid=("attncourse.kv_cache.KVCache", "attncourse.kv_cache.SinkWindowCache", "torch.cat", "torch.concat",
                   "torch.concatenate", "torch.stack", "torch.hstack", "torch.dstack"),
           shortcuts=(_shortcut_update_kvcache, _shortcut_update_cat), allow=(), ops=(),
+          gradient=False,  # the answer writes into its argument buffers in place: autograd refuses that on leaves
           prop=_cache_update_in_place, breakers=(_breaker_update_new_tensors,),
           prop_doc="the new keys and values are written into the preallocated buffers in place (seen in the trace)",
           hint="the buffers already have room: write the new entries into the slice of the sequence axis that "

@@ -132,7 +132,8 @@ def _shortcut_package_flash(q, k, v, block_q, block_k, is_causal):
                   "attncourse.flash.flash_attention", "attncourse.flash.flash_attention_forward",
                   "attncourse.online_softmax.online_attention_update", "attncourse.online_softmax.merge_attention_states",
                   "attncourse.flash_options.flash_attention_options", "torch.softmax", "torch.logsumexp"),
-          shortcuts=(_shortcut_pytorch, _shortcut_package_flash),
+          shortcuts=(_shortcut_pytorch, _shortcut_package_flash),  # no gradient case: the running state lives in
+          gradient=False,  # full-size tensors updated in place, which autograd refuses to differentiate
           allow=(), ops=("attention", "softmax", "logsumexp"), prop=_keys_outside,
           breakers=(_breaker_row_of_scores, _breaker_query_outer),
           prop_doc="key tiles outside, each visited once; queries read one block of the grid at a time; under the mask "

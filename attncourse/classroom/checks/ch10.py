@@ -105,7 +105,7 @@ def _breaker_online_update(out, lse, s, v):
           allow=(), ops=("softmax", "logsumexp"), prop=in_kernel,
           prop_doc="the update runs in a Triton kernel: a launch on every case, no PyTorch arithmetic outside it",
           breakers=(_breaker_online_update,),
-          shortcuts=(_shortcut_online_update,),
+          shortcuts=(_shortcut_online_update,), gradient=False,  # a Triton kernel's result has no autograd graph
           hint="the old state and the new block are log-sum-exps over two disjoint sets of keys: bring both to one "
                "reference (the larger) before adding them, and weight the old output by its share. A row whose "
                "reference is -inf has seen no key anywhere and must stay (0, -inf): never compute -inf - (-inf)")

@@ -1165,6 +1165,7 @@ def with_gradients(out, leaves):
     an input the output does not depend on). Raise ``ValueError`` when `out` carries no autograd graph."""
     import torch
 
+    out = out[0] if isinstance(out, tuple) and out else out  # a tuple's first item: the result (see .gradients)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise ValueError("the output carries no gradient: compute it from the inputs with PyTorch operations "
                          "(no .detach(), no torch.no_grad(), no detour outside PyTorch)")

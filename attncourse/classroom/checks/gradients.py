@@ -11,8 +11,9 @@ require gradients (:data:`forbidden.BACKWARD`); the expected value is what the e
 functions doing the same job, run unguarded) give for the result and for the gradients of every real-valued floating
 input, for one fixed upstream gradient. The case is added only when some shortcut returns a single floating tensor
 with an autograd graph and every shortcut that has one agrees on the gradients, so an exercise whose job has no
-gradient (a Triton kernel, indices, a gradient zero everywhere) gets none. Results that are tuples get none either:
-how a tuple's items (an output and its running maximum, say) pass gradients differs between right answers. Inputs that
+gradient (indices, a gradient zero everywhere) gets none. A result that is a tuple is judged by its first item (the
+output; the items after it are judged by the declared cases). An exercise whose right answers autograd cannot follow
+(a Triton kernel, state updated in place) sets ``gradient=False``. Inputs that
 are masks or positions stored as floats (every value an integer, or some not finite) are left out of the comparison:
 an answer may read them as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise
 with a backward case of its own gets no second one.
@@ -56,7 +57,7 @@ def _reference(shortcut, args, kwargs):
         call.append(a)
     try:  # a shortcut that builds a module draws its initial weights: the notebook's random stream must not move
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            out = shortcut(*call, **kwargs)
+            out = _first(shortcut(*call, **kwargs))
             if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad):
                 return None
             return forbidden.with_gradients(out, leaves)
@@ -64,12 +65,18 @@ def _reference(shortcut, args, kwargs):
         return None
 
 
+def _first(result):
+    """A tuple's first item (the result; the items after it, a running maximum say, are judged by the declared
+    cases), anything else itself."""
+    return result[0] if isinstance(result, tuple) and result else result
+
+
 def _smallest(cases):
     def size(case):
         return sum(a.numel() for a in case.args if isinstance(a, torch.Tensor))
 
-    plain = [c for c in cases if not (c.kwargs or {}).get(forbidden.BACKWARD) and c.compare == "close"
-             and isinstance(c.expected, torch.Tensor) and c.expected.is_floating_point()
+    plain = [c for c in cases if not (c.kwargs or {}).get(forbidden.BACKWARD) and c.compare in ("close", "equal")
+             and isinstance(_first(c.expected), torch.Tensor) and _first(c.expected).is_floating_point()
              and any(_real_valued(a) for a in c.args)]
     return min(plain, key=size) if plain else None
 
