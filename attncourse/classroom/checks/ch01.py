@@ -338,6 +338,11 @@ def _masked_softmax():
     scores = torch.randn(2, 5, generator=gen, dtype=torch.float64) * 3 + 1000.0 * ~mask
     cases.append(Case("the padding's scores sit 1000 above the real ones (the real weights must still sum to 1)",
                       (scores, lengths_t), expected=torch.softmax(scores.masked_fill(~mask, -torch.inf), -1)))
+    # the same in float32, where exp underflows sooner: padding 200 above the real ones is enough
+    scores32 = (torch.randn(2, 5, generator=gen, dtype=torch.float64) * 3 + 200.0 * ~mask).float()
+    cases.append(Case("float32 scores, the padding's 200 above the real ones (the real weights must still sum to 1)",
+                      (scores32, lengths_t), expected=torch.softmax(scores32.masked_fill(~mask, -torch.inf), -1),
+                      rtol=1e-5, atol=1e-7))
     return cases
 
 
