@@ -40,3 +40,18 @@ def test_bad_input():
         beam_translate(model, torch.tensor([3, 4]), 2, alpha=-1.0)
     with pytest.raises(TypeError, match="model"):
         beam_translate(build_model("bahdanau", SMALL), torch.tensor([3, 4]), 2)
+
+
+def test_stored_greedy_outputs_are_chapter_01s():
+    """ch02_beam_length.json's width-1 outputs are chapter 01's stored greedy translations, seed for seed (the same
+    models), and every setting holds one output per held-out sentence."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "notebooks" / "results"
+    beam = json.loads((results / "ch02_beam_length.json").read_text(encoding="utf-8"))
+    ch01 = json.loads((results / "ch01_translation.json").read_text(encoding="utf-8"))
+    for seed in (0, 1, 2):
+        assert beam["hypotheses"][f"greedy {seed}"] == ch01["runs"][f"additive {seed}"]["greedy"]
+    assert {len(h) for h in beam["hypotheses"].values()} == {259}
+    assert len(beam["hypotheses"]) == 3 * len(beam["settings"])
