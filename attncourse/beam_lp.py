@@ -9,7 +9,7 @@ log-probability by a length penalty,
 
     \mathrm{score}(Y) = \frac{\log P(Y \mid X)}{lp(Y)}, \qquad lp(Y) = \frac{(5 + |Y|)^\alpha}{(5 + 1)^\alpha},
 
-with :math:`\alpha = 0` the plain log-probability and :math:`\alpha = 1` close to dividing by the length (|Y|
+with :math:`\alpha = 0` the plain log-probability and :math:`\alpha = 1` close to dividing by the length (:math:`|Y|`
 counts ``<eos>``). :func:`beam_translate` keeps `width` unfinished hypotheses; at each step it ranks all their
 one-word extensions by log-probability, sets aside the ones that end in ``<eos>`` (among the best `width`) as
 finished, and keeps the best `width` others. It stops when `width` hypotheses have finished or after `max_len`
