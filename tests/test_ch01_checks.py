@@ -311,6 +311,20 @@ def test_padding_mask_refuses_softmax_then_renormalise(tmp_path, monkeypatch):
     assert msg is not None and "1000 above" in msg, msg
 
 
+def test_padding_mask_refuses_renormalise_in_float32(tmp_path, monkeypatch):
+    """The same route taken only on float32 scores (a right masked softmax otherwise) meets the float32 case, where
+    the padding is 200 above the real ones: exp underflows there long before it does in float64."""
+    def renormalised_in_float32(scores, lengths):
+        keep = torch.arange(scores.shape[1]) < lengths[:, None]
+        if scores.dtype == torch.float32:
+            w = torch.softmax(scores, -1) * keep
+            return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+        return torch.softmax(scores.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+
+    msg, _ = _verdicts("01-padding-mask", renormalised_in_float32, tmp_path, monkeypatch)
+    assert msg is not None and "float32" in msg and "200 above" in msg, msg
+
+
 def test_padding_mask_accepts_the_logsumexp_spellings(tmp_path, monkeypatch):
     """The review's route: a right masked softmax written as exp(s - logsumexp(s)) rounds the logsumexp of scores near
     -3e9 (float64 spacing 4.8e-7 there); it and exp(log_softmax) pass, check cell and grader alike."""

@@ -79,3 +79,14 @@ def test_chrf_on_a_hand_example():
     assert chrf(["l e chat"], ["le chat"]) == 100.0  # spaces are removed before counting
     with pytest.raises(ValueError, match="same length"):
         chrf(["a"], [])
+
+
+def test_stored_translations_give_the_stored_chrf():
+    """The stored run keeps every held-out greedy translation; chapter 01 scores them by sentence length."""
+    from attncourse.translation import chrf
+
+    stored = json.loads((ROOT / "notebooks" / "results" / "ch01_translation.json").read_text(encoding="utf-8"))
+    references = [" ".join(f) for _, f in load_corpus().test_pairs]
+    for name, run in stored["runs"].items():
+        assert len(run["greedy"]) == len(references) == 259, name
+        assert abs(chrf(run["greedy"], references) - run["chrf"]) < 0.006, name

@@ -11,6 +11,7 @@ import torch
 from attncourse.rnn_attention import AdditiveAttention, LuongAttention, attend
 from attncourse.sdpa import safe_softmax
 from . import Case, edits, exercise, forbidden, graphs
+from .ch01_padding import far_padding_cases
 from .predictions import whole
 
 
@@ -333,11 +334,7 @@ def _masked_softmax():
         cases.insert(3 if b == 3 else len(cases), graphs.backward_case(
             f"the backward pass: the gradient of the scores ({b} x {t}, lengths {args[1].tolist()})", args,
             lambda s, _, pad=pad: torch.softmax(s.masked_fill(pad, float("-inf")), -1)))
-    # padding scores can be anything: 1000 above the real ones, softmax-mask-renormalise underflows to 0 (float64)
-    lengths_t, mask = torch.tensor([2, 4]), torch.arange(5) < torch.tensor([[2], [4]])  # (B,), (B, T)
-    scores = torch.randn(2, 5, generator=gen, dtype=torch.float64) * 3 + 1000.0 * ~mask
-    cases.append(Case("the padding's scores sit 1000 above the real ones (the real weights must still sum to 1)",
-                      (scores, lengths_t), expected=torch.softmax(scores.masked_fill(~mask, -torch.inf), -1)))
+    cases += far_padding_cases(gen)  # the padding's scores far above the real ones, float64 and float32
     return cases
 
 
