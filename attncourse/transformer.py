@@ -50,8 +50,9 @@ class TransformerBlock(nn.Module):
     """One encoder block: self-attention then FFN, each with a residual connection and a LayerNorm.
 
     Args:
-        d_model, n_heads, n_kv_heads: as :class:`~attncourse.mha.MultiHeadAttention` (biases on, as
-            in ``nn.TransformerEncoderLayer``).
+        d_model, n_heads, n_kv_heads: as :class:`~attncourse.mha.MultiHeadAttention`.
+        bias: biases in the projections, the FFN and the LayerNorms (True, as ``nn.TransformerEncoderLayer``;
+            False as in LLaMA-style blocks).
         d_ff: FFN hidden width (default 4 d_model).
         norm_first: pre-norm (True) or post-norm (False, the original Transformer).
         activation: "relu" or "gelu".
@@ -59,12 +60,14 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *, n_kv_heads: int | None = None,
-                 norm_first: bool = False, activation: str = "relu", eps: float = 1e-5):
+                 norm_first: bool = False, activation: str = "relu", eps: float = 1e-5, bias: bool = True):
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=True)
-        self.ff = FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias)
+        self.ff = FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation, bias=bias)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
         self.norm_first = bool(norm_first)
 
     def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
@@ -97,11 +100,12 @@ def to_torch_encoder_layer(block: TransformerBlock) -> nn.TransformerEncoderLaye
     ref = nn.TransformerEncoderLayer(
         attn.d_model, attn.n_heads, dim_feedforward=block.ff.linear1.out_features, dropout=0.0,
         activation=block.ff.activation, layer_norm_eps=block.norm1.eps, batch_first=True,
-        norm_first=block.norm_first,
+        norm_first=block.norm_first, bias=block.norm1.bias is not None,
     ).to(dtype=attn.q_proj.weight.dtype, device=attn.q_proj.weight.device)
     with torch.no_grad():
         ref.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        ref.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        if attn.q_proj.bias is not None:
+            ref.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
         ref.self_attn.out_proj.load_state_dict(attn.o_proj.state_dict())
         ref.linear1.load_state_dict(block.ff.linear1.state_dict())
         ref.linear2.load_state_dict(block.ff.linear2.state_dict())

@@ -257,10 +257,10 @@ def test_predict_permutation_tells_nothing_but_wrong():
 # ----------------------------------------------------------------------------- 4. experiment
 
 
-def parameter_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
+def parameter_shares(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):
     with torch.device("meta"):
         emb = nn.Embedding(vocab_size, d_model)
-        blocks = [TransformerBlock(d_model, n_heads, d_ff) for _ in range(n_layers)]
+        blocks = [TransformerBlock(d_model, n_heads, d_ff, **(options or {})) for _ in range(n_layers)]
     n = {"embedding": emb.weight.numel(),
          "attention": sum(p.numel() for b in blocks for p in b.attn.parameters()),
          "feed_forward": sum(p.numel() for b in blocks for p in b.ff.parameters()),
@@ -268,7 +268,7 @@ def parameter_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
     return {k: v / sum(n.values()) for k, v in n.items()}
 
 
-def shares_no_biases(d_model, n_heads, d_ff, vocab_size, n_layers):  # the lesson's 4d^2 and 2 d d_ff, no biases
+def shares_no_biases(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):  # the lesson's 4d^2 and 2 d d_ff, no biases
     n = {"embedding": vocab_size * d_model, "attention": 4 * d_model ** 2 * n_layers,
          "feed_forward": 2 * d_model * d_ff * n_layers, "layer_norm": 4 * d_model * n_layers}
     return {k: v / sum(n.values()) for k, v in n.items()}
@@ -283,13 +283,29 @@ def test_parameter_shares(tmp_path, monkeypatch):
     assert not any(f"{v:.6f}" in msg or f"{v:.4f}" in msg for v in expected.values()), msg
 
 
-def shares_closed_form(d_model, n_heads, d_ff, vocab_size, n_layers):  # right, biases and all, but nothing built
+def shares_closed_form(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):  # every option, nothing built
+    opts = options or {}
+    with_bias = opts.get("bias", True)
+    width_kv = (d_model // n_heads) * opts.get("n_kv_heads", n_heads)
+    linears = {"attention": [(d_model, d_model), (d_model, width_kv), (d_model, width_kv), (d_model, d_model)],
+               "feed_forward": [(d_model, d_ff), (d_ff, d_model)]}
+    n = {"embedding": vocab_size * d_model, "layer_norm": n_layers * d_model * (4 if with_bias else 2)}
+    for kind, shapes in linears.items():
+        n[kind] = n_layers * sum(fan_in * fan_out + (fan_out if with_bias else 0) for fan_in, fan_out in shapes)
+    return {k: v / sum(n.values()) for k, v in n.items()}
+
+
+def shares_built_then_formula(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):
+    """The meta-device route: build the blocks as asked, ignore them, return the default block's formula."""
+    with torch.device("meta"):
+        nn.Embedding(vocab_size, d_model)
+        [TransformerBlock(d_model, n_heads, d_ff, **(options or {})) for _ in range(n_layers)]
     n = {"embedding": vocab_size * d_model, "attention": (4 * d_model ** 2 + 4 * d_model) * n_layers,
          "feed_forward": (2 * d_model * d_ff + d_ff + d_model) * n_layers, "layer_norm": 4 * d_model * n_layers}
     return {k: v / sum(n.values()) for k, v in n.items()}
 
 
-def shares_torch_layer(d_model, n_heads, d_ff, vocab_size, n_layers):  # PyTorch's layer has the same parameters
+def shares_torch_layer(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):  # PyTorch's layer has the same parameters
     with torch.device("meta"):
         layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff)
     size = {"attention": 0, "feed_forward": 0, "layer_norm": 0}
@@ -304,3 +320,14 @@ def test_parameter_shares_needs_the_blocks_built(tmp_path, monkeypatch):
     msg = refused("04-parameter-shares", shares_closed_form, tmp_path, monkeypatch, called=False)
     assert "not the way" in msg and "build" in msg, msg
     refused("04-parameter-shares", shares_torch_layer, tmp_path, monkeypatch)
+
+
+def test_parameter_shares_built_blocks_then_a_formula_fails(tmp_path, monkeypatch):
+    """Building the blocks and returning a formula for the default block fails on the cases whose options
+    (no biases, fewer key/value heads) the check draws; the same formula with the options ignored is right on
+    the first case, so it is the options that catch it."""
+    cases = ch04._parameter_shares()
+    assert shares_built_then_formula(*cases[0].args) == pytest.approx(cases[0].expected, abs=1e-12)
+    assert {k for c in cases for k in c.kwargs.get("options", {})} == {"bias", "n_kv_heads"}
+    msg = refused("04-parameter-shares", shares_built_then_formula, tmp_path, monkeypatch, called=False)
+    assert "off by" in msg and "options" in msg, msg

@@ -229,3 +229,16 @@ def test_encoder_decoder_bad_input():
         to_torch_transformer(nn.Linear(2, 2))
     with pytest.raises(TypeError, match="block"):
         to_torch_decoder_layer(TransformerBlock(16, 4))
+
+
+def test_block_without_biases_matches_torch_encoder_layer():
+    """bias=False drops every bias (projections, FFN, LayerNorms), as nn.TransformerEncoderLayer(bias=False) does."""
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 4, 24, bias=False, norm_first=True).double().eval()
+    assert not [n for n, _ in block.named_parameters() if n.endswith("bias")]
+    ref = to_torch_encoder_layer(block)
+    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in block.parameters())
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(block(x), ref(x), **TOL)
+    with pytest.raises(TypeError, match="bias"):
+        TransformerBlock(16, 4, bias=1)

@@ -244,11 +244,13 @@ def _predict_permutation():
 # ----------------------------------------------------------------------------- 4. experiment: where parameters sit
 
 
-def reference_shares(d_model: int, n_heads: int, d_ff: int, vocab_size: int, n_layers: int) -> dict[str, float]:
-    """The reference: shares of an embedding + n_layers TransformerBlocks' parameters, by kind of module."""
+def reference_shares(d_model: int, n_heads: int, d_ff: int, vocab_size: int, n_layers: int,
+                     options: dict | None = None) -> dict[str, float]:
+    """The reference: shares of an embedding + n_layers TransformerBlocks' parameters (built with the keyword
+    arguments `options`), by kind of module."""
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         embedding = nn.Embedding(vocab_size, d_model)
-        blocks = [TransformerBlock(d_model, n_heads, d_ff) for _ in range(n_layers)]
+        blocks = [TransformerBlock(d_model, n_heads, d_ff, **(options or {})) for _ in range(n_layers)]
     counts = {"embedding": embedding.weight.numel(), "attention": 0, "feed_forward": 0, "layer_norm": 0}
     for block in blocks:
         counts["attention"] += sum(p.numel() for p in block.attn.parameters())
@@ -266,28 +268,35 @@ def _shares_rule(got, expected) -> str | None:
         if isinstance(mine, bool) or not isinstance(mine, (int, float)):
             return f"{key!r} should be a float (a share of all parameters), got {mine!r}"
         if abs(mine - value) > 1e-6:  # how far off, never the share itself
-            return f"{key!r}: your share is off by {abs(mine - value):.2g}: count every parameter, biases too"
+            return (f"{key!r}: your share is off by {abs(mine - value):.2g}: count every parameter of the blocks "
+                    "as built with the case's options, biases too")
     return None
 
 
 def _built_blocks(runs) -> str | None:
     """The experiment's property: on every case the answer built the course's blocks, n_layers of them at the
-    case's width (each block initialises its four (d, d) attention projections inside TransformerBlock)."""
+    case's width (each block initialises its (d, d) query and output projections inside TransformerBlock)."""
     for run in runs:
         d_model, n_layers = run.case.args[0], run.case.args[4]
         square = sum(1 for _, _, in_allowed, tensors in (run.trace or {}).get("ops", ())
                      if in_allowed and any(t[2] == (d_model, d_model) for t in tensors))
-        if square < 4 * n_layers:
+        if square < 2 * n_layers:
             return (f"on case '{run.case.name}' your code did not build the {n_layers} TransformerBlock(s) it "
                     "counts: this experiment measures the course's modules as built (under torch.device('meta')), "
                     "not a formula for them")
     return None
 
 
-def _closed_form_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
-    """The right shares from a formula, no module built: refused by the property."""
-    counts = {"embedding": vocab_size * d_model, "attention": n_layers * (4 * d_model * d_model + 4 * d_model),
-              "feed_forward": n_layers * (2 * d_model * d_ff + d_ff + d_model), "layer_norm": n_layers * 4 * d_model}
+def _closed_form_shares(d_model, n_heads, d_ff, vocab_size, n_layers, options=None):
+    """The right shares from a formula (every option of the cases handled), no module built: refused by the
+    property. A formula that ignores the options is refused by the values (tests/test_ch04_checks.py)."""
+    options = options or {}
+    b = int(options.get("bias", True))
+    kv = d_model // n_heads * options.get("n_kv_heads", n_heads)
+    counts = {"embedding": vocab_size * d_model,
+              "attention": n_layers * (2 * d_model * d_model + 2 * d_model * kv + b * (2 * d_model + 2 * kv)),
+              "feed_forward": n_layers * (2 * d_model * d_ff + b * (d_ff + d_model)),
+              "layer_norm": n_layers * (2 + 2 * b) * d_model}
     return {k: v / sum(counts.values()) for k, v in counts.items()}
 
 
@@ -296,10 +305,14 @@ def _closed_form_shares(d_model, n_heads, d_ff, vocab_size, n_layers):
           breakers=(_closed_form_shares,),
           forbid=("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer", "torch.nn.Transformer",
                   "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder"),
-          hint="build the modules (the course's TransformerBlock and an embedding table) at each size and count "
-               "the elements of the parameters of each kind of submodule; divide by the total")
+          hint="build the modules (the course's TransformerBlock with the case's options, and an embedding table) "
+               "at each size and count the elements of the parameters of each kind of submodule; divide by the total")
 def _parameter_shares():
-    """Measure which parts of a Transformer hold its parameters, from a small model to a GPT-2-sized block."""
+    """Measure which parts of a Transformer hold its parameters, from a small model to a GPT-2-sized block.
+
+    Every case but the first builds its blocks with options drawn here (a salted grader draws others): no biases
+    (as in LLaMA-style blocks), fewer key/value heads (GQA), or both, so an answer that builds the blocks and then
+    returns a formula for the default block gets the shares wrong."""
     configs = [(64, 4, 256, 1000, 2), (256, 8, 1024, 32_000, 4), (768, 12, 3072, 50_257, 1), (32, 2, 32, 10, 3)]
     gen = torch.Generator().manual_seed(45)  # two more models, drawn (a salted grader draws others)
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
@@ -308,7 +321,13 @@ def _parameter_shares():
         d_model = n_heads * 8 * pick(1, 16)
         configs.append((d_model, n_heads, d_model * pick(1, 4), pick(10, 60_000), pick(1, 12)))
     cases = []
-    for args in configs:
-        cases.append(Case("d_model={}, heads={}, d_ff={}, vocab={}, layers={}".format(*args), args,
-                          expected=reference_shares(*args), compare=_shares_rule))
+    for k, args in enumerate(configs):
+        fewer = [h for h in range(1, args[1]) if args[1] % h == 0]  # key/value head counts below n_heads
+        options = [{}, {"bias": False}, {"n_kv_heads": 0}, {"bias": False, "n_kv_heads": 0}][k % 4 if fewer else k % 2]
+        if "n_kv_heads" in options:
+            options["n_kv_heads"] = fewer[int(torch.randint(len(fewer), (1,), generator=gen))]
+        name = "d_model={}, heads={}, d_ff={}, vocab={}, layers={}".format(*args)
+        name += "".join(f", {key}={value}" for key, value in options.items())
+        cases.append(Case(name, args, {"options": options} if options else {},
+                          expected=reference_shares(*args, options), compare=_shares_rule))
     return cases
