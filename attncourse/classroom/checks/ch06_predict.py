@@ -36,8 +36,8 @@ def _close_share(got, expected):
                    "draws, judged within 0.03 of a measurement on 4,096 random vectors: any PyTorch operation is "
                    "refused, so the rotation cannot be applied and averaged inside it (exercise 8 does that next); "
                    "constants and a fixed decay curve fail at the distances and bases drawn",
-          hint="write the score of a vector with itself rotated pair by pair; what does each pair contribute, and "
-               "with what weight on average over random vectors? The head has 32 pairs, theta_i = base^(-2i/64)")
+          hint="write the score of a vector with itself rotated pair by pair: what does each pair contribute, and "
+               "with what weight on average over random vectors? The exercise's text gives each pair's angle")
 def _rope_decay_predict():
     """Predict, before measuring, the mean normalised score of a vector at distance m from itself under RoPE."""
     gen = torch.Generator().manual_seed(68)
