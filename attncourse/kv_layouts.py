@@ -104,9 +104,11 @@ def held_out_loss(model: nn.Module, held: torch.Tensor) -> float:
 
 
 def train_layout(layout: str, train: torch.Tensor, vocab_size: int, seed: int, steps: int = STEPS,
-                 held: torch.Tensor | None = None, eval_every: int = 100) -> tuple[GPT, list[float], list[float]]:
-    """Train `layout` on random windows (the batches depend on `seed` only, so every layout sees the same ones);
-    returns (model, training losses, held-out losses every `eval_every` steps and at the end)."""
+                 held: torch.Tensor | None = None, eval_every: int = 100, lr: float = 3e-3
+                 ) -> tuple[GPT, list[float], list[float]]:
+    """Train `layout` on random windows (the batches depend on `seed` only, so every layout sees the same ones) with
+    a one-cycle schedule peaking at `lr`; returns (model, training losses, held-out losses every `eval_every` steps
+    and at the end)."""
     model = layout_lm(layout, vocab_size, seed)
     gen = torch.Generator().manual_seed(1000 + seed)
     curve: list[float] = []
@@ -117,7 +119,7 @@ def train_layout(layout: str, train: torch.Tensor, vocab_size: int, seed: int, s
             model.train()
         return windows(train, 32, CONTEXT, gen)
 
-    losses = train_lm(model, batch, steps, lr=3e-3)
+    losses = train_lm(model, batch, steps, lr=lr)
     if held is not None:
         curve.append(held_out_loss(model, held))
     return model, losses, curve
