@@ -11,9 +11,10 @@ fifth of the rows repeat nothing.
 **Two more answers to sinks, trained.** ``"softpick"`` (Zuhri et al. 2025, :func:`~attncourse.sink_fixes.softpick`) and
 ``"softmax_1"`` (Miller 2023: gpt-oss's sink logit frozen at 0) in section 3's harness, 3 seeds.
 
-``python -m attncourse.sink_controls [NAME ...]`` trains the 15 runs of ``SETTINGS`` (or those named; about 5
+``python -m attncourse.sink_controls [NAME ...]`` trains the 21 runs of ``SETTINGS`` (or those named; about 7
 minutes of CPU in two processes) and stores what :func:`read` measures in ``notebooks/results/ch12_controls.json``,
-and seed 0's weights of each setting in ``ch12_controls_seed0.pt``.
+and seed 0's weights of each setting in ``ch12_controls_seed0.pt`` and ``ch12_controls_anywhere_seed0.pt``
+(:func:`load_states` reads both).
 """
 
 from __future__ import annotations
@@ -29,16 +30,18 @@ from . import _validate
 from ._procs import forked_map
 from . import variant_claims as vc
 
-__all__ = ["anywhere_tokens", "position_probe", "probe_batches", "read", "SETTINGS", "run_all"]
+__all__ = ["anywhere_tokens", "load_states", "position_probe", "probe_batches", "read", "SETTINGS", "run_all"]
 
 RESULTS = Path(__file__).resolve().parents[1] / "notebooks" / "results"
 STORED = RESULTS / "ch12_controls.json"
-STORED_STATES = RESULTS / "ch12_controls_seed0.pt"
+STORED_STATES = RESULTS / "ch12_controls_seed0.pt"  # seed 0's weights: softpick and softmax_1; the "anywhere/*"
+STORED_STATES_ANYWHERE = RESULTS / "ch12_controls_anywhere_seed0.pt"  # settings here (two files, each under 1 MB)
 SEG = 6  # the probe's segment: repeated in positions SEG..2 SEG - 1 (early) or T - SEG..T - 1 (late)
 # name -> (attention, data): "end" is the lesson's data, "anywhere" is anywhere_tokens
 SETTINGS = {"softpick": ("softpick", "end"), "softmax_1": ("softmax_1", "end"),
             "anywhere/softmax": ("softmax", "anywhere"), "anywhere/sink_logit": ("sink_logit", "anywhere"),
-            "anywhere/gated": ("gated", "anywhere")}
+            "anywhere/gated": ("gated", "anywhere"), "anywhere/sigmoid": ("sigmoid", "anywhere"),
+            "anywhere/differential": ("differential", "anywhere")}
 
 
 def anywhere_tokens(batch_size: int, seq_len: int, vocab_size: int, *, min_len: int = 4, p_none: float = 0.2,
@@ -144,6 +147,19 @@ def load_model(name: str, state: dict) -> nn.Module:
     return model.eval()
 
 
+def _states_path(path: Path, name: str) -> Path:
+    return path.with_name(path.stem + ("_anywhere" if name.startswith("anywhere/") else "") + "_seed0.pt")
+
+
+def load_states(path: str | Path = STORED) -> dict[str, dict]:
+    """Seed 0's weights of every stored setting of `path`'s runs: setting name -> state dict."""
+    path = Path(path)
+    states: dict[str, dict] = {}
+    for p in sorted({_states_path(path, name) for name in SETTINGS}):
+        states |= torch.load(p) if p.exists() else {}
+    return states
+
+
 def run_all(path: str | Path = STORED, processes: int = 2, names: tuple[str, ...] = tuple(SETTINGS)) -> dict:
     """Train every setting of `names` x seeds 0-2 with section 3's recipe; store :func:`read` per name and seed in
     `path` (the runs of other settings already there are kept), seed 0's weights next to it."""
@@ -153,16 +169,17 @@ def run_all(path: str | Path = STORED, processes: int = 2, names: tuple[str, ...
     if not set(names) <= set(SETTINGS):
         raise ValueError(f"names must be among {tuple(SETTINGS)}, got {names!r}")
     path = Path(path)
-    states_path = path.with_name(path.stem + "_seed0.pt")
     store: dict[str, Any] = json.loads(path.read_text()) if path.exists() else \
         {"made_by": "python -m attncourse.sink_controls", "recipe": vc.RECIPE, "runs": {}}
-    states: dict[str, dict] = torch.load(states_path) if states_path.exists() else {}
+    files = {_states_path(path, name) for name in SETTINGS}
+    states: dict[Path, dict] = {p: torch.load(p) if p.exists() else {} for p in files}
     with forked_map(processes) as pool:
         for name, seed, out, state in pool(_job, [(n, s) for n in names for s in vc.SEEDS]):
             store["runs"].setdefault(name, {})[str(seed)] = out
             if state is not None:
-                states[name] = state
-                torch.save(states, states_path)
+                where = _states_path(path, name)
+                states[where][name] = state
+                torch.save(states[where], where)
             path.write_text(json.dumps(store, indent=1))
     return store
 

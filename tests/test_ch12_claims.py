@@ -122,3 +122,20 @@ def test_stored_claim_runs_cover_every_job():
     for name, _, seed, kw in jobs():
         run = stored["runs"][name]
         assert run["kwargs"] == kw and len(run["seeds"][str(seed)]["repeat_curve"]) == RECIPE["steps"] // 50 + 1
+
+
+def test_stored_attn_bias_gpts_are_the_seed0_weights_measured():
+    # Lesson 12, 4c: section 2's GPTs trained with Sun et al.'s attention bias (run_gpts), three seeds; seed 0's
+    # stored weights give the stored read-out, and the large activations after block 2 stay (over 100x, every seed).
+    import json
+    from pathlib import Path
+    from attncourse.variant_claims import GPT_RECIPE, read_gpt
+    results = Path(__file__).parents[1] / "notebooks/results"
+    stored = json.loads((results / "ch12_attn_bias_gpt_full.json").read_text())
+    assert stored["recipe"] == GPT_RECIPE and set(stored["seeds"]) == {"0", "1", "2"}
+    model = new_gpt(0, attn_bias=True)
+    model.load_state_dict(torch.load(results / "ch12_attn_bias_gpt_seed0.pt"))
+    live = read_gpt(model.eval())
+    assert live["count"] == stored["seeds"]["0"]["count"]
+    assert all(abs(a - b) < 1e-3 * b for a, b in zip(live["ratio"], stored["seeds"]["0"]["ratio"]))
+    assert all(r["ratio"][1] > 100 for r in stored["seeds"].values())

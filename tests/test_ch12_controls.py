@@ -83,7 +83,9 @@ def test_stored_controls_hold_every_setting_and_seed():
     assert stored["recipe"] == dict(steps=1000, lr=5e-3, warmup=100)
     assert set(stored["runs"]) == set(sc.SETTINGS)
     assert all(set(r) == {"0", "1", "2"} for r in stored["runs"].values())
-    states = torch.load(sc.STORED_STATES)
+    states = sc.load_states()
+    assert set(states) == set(sc.SETTINGS)  # seed 0's weights of every setting, in files under 1 MB each
+    assert all(p.stat().st_size < 1_000_000 for p in (sc.STORED_STATES, sc.STORED_STATES_ANYWHERE))
     live = sc.read(sc.load_model("softpick", states["softpick"]))
     for key in ("repeat", "evict_first", "early_loss", "key0_early_repeat"):
         assert abs(live[key] - stored["runs"]["softpick"]["0"][key]) < 1e-4, key
