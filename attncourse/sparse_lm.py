@@ -223,16 +223,17 @@ def train(method: str, seed: int, data: tuple[torch.Tensor, torch.Tensor, str] |
 
 
 def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds: tuple[int, ...] = (0, 1, 2),
-         steps: int = STEPS) -> dict:
+         steps: int = STEPS, lr: float = LR) -> dict:
     """Train every method on every seed for `steps`; write the results to `path` (JSON). ``METHOD`` in the
     environment restricts one process to some methods, comma-separated (parallel jobs; merge the files by hand).
     The lesson's longer control: ``FULL=1 METHOD=dense,window STEPS=600
     OUT=notebooks/results/ch14_sparse_lm_long_full.json python -m attncourse.sparse_lm``; NSA with its window
-    branch: ``FULL=1 METHOD=nsa_win OUT=notebooks/results/ch14_sparse_lm_nsawin_full.json``."""
+    branch: ``FULL=1 METHOD=nsa_win OUT=notebooks/results/ch14_sparse_lm_nsawin_full.json``; a second learning rate:
+    ``LR=3e-3`` (``OUT=notebooks/results/ch14_sparse_lm_lr3e-3_full.json``)."""
     torch.set_num_threads(1)
     data = shakespeare_chars(DATA)
     result = {"config": {"context": CONTEXT, "block": BLOCK, "budget": BUDGET, "d_model": D_MODEL, "n_heads": N_HEADS,
-                         "n_layers": N_LAYERS, "steps": steps, "batch": BATCH, "lr": LR, "far": FAR,
+                         "n_layers": N_LAYERS, "steps": steps, "batch": BATCH, "lr": lr, "far": FAR,
                          "eval_windows": EVAL_WINDOWS, "seeds": list(seeds)}, "runs": {}}
     only = os.environ.get("METHOD")
     for method in ALL_METHODS if only else METHODS:
@@ -240,7 +241,7 @@ def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds:
             continue
         result["runs"][method] = {}
         for seed in seeds:
-            run = train(method, seed, data, steps)
+            run = train(method, seed, data, steps, lr=lr)
             result["runs"][method][str(seed)] = run
             print(method, seed, {k: v for k, v in run.items() if k != "train"}, file=sys.stderr, flush=True)
             Path(path).write_text(json.dumps(result))
@@ -250,4 +251,5 @@ def main(path: str | Path = "notebooks/results/ch14_sparse_lm_full.json", seeds:
 if __name__ == "__main__":
     if os.environ.get("FULL") != "1":
         raise SystemExit("set FULL=1 to train 6 methods x 3 seeds (tens of CPU minutes)")
-    main(os.environ.get("OUT", "notebooks/results/ch14_sparse_lm_full.json"), steps=int(os.environ.get("STEPS", STEPS)))
+    main(os.environ.get("OUT", "notebooks/results/ch14_sparse_lm_full.json"), steps=int(os.environ.get("STEPS", STEPS)),
+         lr=float(os.environ.get("LR", LR)))

@@ -131,3 +131,17 @@ def test_stored_window_branch_control_is_the_same_recipe():
     assert ctrl["config"] == short["config"] and list(ctrl["runs"]) == ["nsa_win"]
     for seed, run in ctrl["runs"]["nsa_win"].items():
         assert len(run["train"]) == sl.STEPS and run["far_keys_read"] <= sl.BUDGET
+
+
+@pytest.mark.parametrize("tag", ["3e-3", "3e-2"])
+def test_stored_learning_rate_runs_are_the_same_recipe(tag):
+    short = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_full.json").read_text())
+    other = json.loads((ROOT / f"notebooks/results/ch14_sparse_lm_lr{tag}_full.json").read_text())
+    assert other["config"] == {**short["config"], "lr": float(tag)}
+    assert list(other["runs"]) == ["dense", "window", "moba", "nsa_win"]
+    ctrl = json.loads((ROOT / "notebooks/results/ch14_sparse_lm_nsawin_full.json").read_text())["runs"]
+    for method, runs in other["runs"].items():
+        assert set(runs) == {"0", "1", "2"}, method
+        for seed, run in runs.items():  # the same initial weights and batches: the loss before any update is equal
+            first = (ctrl if method == "nsa_win" else short["runs"])[method][seed]["train"][0]
+            assert len(run["train"]) == sl.STEPS and run["train"][0] == first and run["far_keys_read"] <= 192.5
