@@ -262,6 +262,15 @@ def test_ablation_routes(tmp_path, monkeypatch):
     with pytest.raises(checks.CheckFailed):
         checks.check("12-ablation", known_answer)
 
+    from attncourse.classroom.checks.ch12_ablation import ablation_reference
+    pasted = {seed: ablation_reference(seed).tolist() for seed in (0, 1, 2)}  # review 15, E1: a table computed once
+
+    def table(seed):
+        return torch.tensor(pasted.get(seed, pasted[0]))
+
+    with pytest.raises(checks.CheckFailed):  # the check draws seeds the table does not hold
+        checks.check("12-ablation", table)
+
     def zero_ablation(seed):  # review 12: zero-ablation (an exec'd copy of ablate_heads, the old exercise) fails
         from attncourse.heads import planted_induction_model, repeated_tokens, token_losses
         model = planted_induction_model(32, 8, generator=torch.Generator().manual_seed(seed))

@@ -7,6 +7,8 @@ passed the zero-ablation version)."""
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from attncourse.heads import ablation_effects, planted_induction_model, repeated_half_loss, repeated_tokens
@@ -64,5 +66,9 @@ def zero_ablation_reference(seed: int) -> torch.Tensor:
                "ablation, not this one")
 def _ablation():
     """Mean-ablate each head of a model and measure how much the loss on the repeated half rises, per seed."""
+    # Seed 0, then two seeds drawn afresh on every call (the check cell's too, not only the grader's salted ones):
+    # a table computed once and pasted in (review 15, E1) meets seeds it has never seen.
+    draw = random.SystemRandom()
+    seeds = [0] + [draw.randrange(3, 10**6) for _ in range(2)]
     return [Case(f"seed {seed}", (seed,), expected=ablation_reference(seed), rtol=1e-4, atol=1e-4)
-            for seed in (0, 1, 2)]
+            for seed in seeds]
