@@ -9,8 +9,9 @@ from attncourse.classroom.checks.ch02 import BUGGY_LUONG
 from test_edits import cell_function
 
 
-def _buggy(query, keys, values, lengths):  # the exercise's code: the mask marks the padding, not the tokens
-    mask = torch.arange(keys.shape[1]) >= lengths[:, None]
+def _buggy(query, keys, values, lengths):  # the exercise's code: each row keeps its last lengths[b] positions
+    T = keys.shape[1]
+    mask = torch.arange(T) >= T - lengths[:, None]
     return scaled_dot_product_attention(query.unsqueeze(1), keys, values, mask.unsqueeze(1), scale=1.0).squeeze(1)
 
 
@@ -21,8 +22,8 @@ def _from_scratch(query, keys, values, lengths):  # right values, written anew: 
 
 
 # the given function with its mask read the right way, typed in a cell (the check reads its source)
-_fixed = cell_function(BUGGY_LUONG.replace("~mask", "mask").replace("_buggy(", "("), "luong_dot_attention",
-                       {"torch": torch})
+_fixed = cell_function(BUGGY_LUONG.replace(">= T - lengths", "< lengths").replace("_buggy(", "("),
+                       "luong_dot_attention", {"torch": torch})
 
 
 def test_the_bug_fails_and_the_fix_passes(capsys):
@@ -32,6 +33,25 @@ def test_the_bug_fails_and_the_fix_passes(capsys):
         checks.check("02-find-the-bug", _from_scratch)
     checks.check("02-find-the-bug", _fixed)
     assert "✓ 02-find-the-bug" in capsys.readouterr().out
+
+
+def test_no_one_token_flip_fixes_the_bug():
+    """Cold review 15 passed the earlier version of this exercise (the mask's sense flipped) with a blind search over
+    the 12 edits {>=, >, <=, <, ==, !=} x {~mask, mask} in 2 calls. None of those 12 edits fixes the given function
+    now (so such a search only spends the check's tries); the fix needs the cause: which end of a row is padding."""
+    import itertools
+
+    from attncourse.classroom.checks.ch02 import reference_dot_attention
+
+    cases = checks.get("02-find-the-bug").make_cases()
+    right = 0
+    for op, sense in itertools.product((">=", ">", "<=", "<", "==", "!="), ("~mask", "mask")):
+        source = BUGGY_LUONG.replace(">= T", f"{op} T").replace("~mask", sense).replace("_buggy(", "(")
+        candidate = cell_function(source, "luong_dot_attention", {"torch": torch})
+        right += all(torch.allclose(candidate(*c.args), reference_dot_attention(*c.args), equal_nan=False)
+                     for c in cases)
+    assert right == 0
+    assert all(torch.allclose(_fixed(*c.args), reference_dot_attention(*c.args)) for c in cases)
 
 
 def test_the_scaled_score_is_refused_as_wrong():

@@ -29,3 +29,20 @@ def test_local_p_routes(tmp_path, monkeypatch):
             answer = lambda *a, wrong=wrong: _weights(*a, **wrong)  # noqa: E731
         refused("02-local-p", answer, tmp_path, monkeypatch, why="case “")
     refused("02-local-p", lambda *a: _weights(*a, detach=True), tmp_path, monkeypatch, why="the backward pass")
+
+
+def test_local_p_refuses_torchs_masked_softmax(tmp_path, monkeypatch):
+    """The cold review's route (review 15): eqs. 9-10 written out but the window's softmax by torch.masked.softmax
+    passed here while 01-padding-mask refused it. Both now refuse PyTorch's masked softmaxes."""
+    def masked_api(queries, keys, lengths, W, W_p, v_p, window, log=False):
+        T = keys.shape[1]
+        p = lengths[:, None].to(queries.dtype) * torch.sigmoid(torch.tanh(queries @ W_p.T) @ v_p)
+        offset = torch.arange(T, dtype=queries.dtype) - p[..., None]
+        keep = (offset.abs() <= window) & (torch.arange(T) < lengths[:, None])[:, None]
+        scores = queries @ W @ keys.transpose(1, 2)
+        align = (torch.masked.log_softmax(scores, -1, mask=keep).exp() if log
+                 else torch.masked.softmax(scores, -1, mask=keep))
+        return torch.where(keep, align, 0.0) * torch.exp(-offset**2 / (2 * (window / 2) ** 2))
+
+    refused("02-local-p", masked_api, tmp_path, monkeypatch)
+    refused("02-local-p", lambda *a: masked_api(*a, log=True), tmp_path, monkeypatch)

@@ -215,7 +215,7 @@ def _shortcut_aten_safe_softmax(query, keys, values, lengths):
 BUGGY_LUONG = '''\
 def luong_dot_attention_buggy(query, keys, values, lengths):
     T = keys.shape[1]
-    mask = torch.arange(T) >= lengths[:, None]                       # (T,) vs (B, 1) -> (B, T)
+    mask = torch.arange(T) >= T - lengths[:, None]                   # (T,) vs (B, 1) -> (B, T)
     scores = (keys @ query.unsqueeze(-1)).squeeze(-1)               # (B, T, D) @ (B, D, 1) -> (B, T)
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)          # (B, T); a row with no score left gives zeros
@@ -233,10 +233,12 @@ def _rewrite_masked_dot(query, keys, values, lengths):
 
 @exercise("02-find-the-bug", "luong_dot_attention", points=2, category="bug",
           forbid=("torch.nn.functional.scaled_dot_product_attention",),
-          bug_words=("polarity", "invert", "inverse", "opposite", "key_padding_mask", "True means blocked",
-                     "blocked", "True = padding", "True at padding", "true where padded", "double negat",
-                     "negation", "flipped", "flip the", "wrong way round", "the wrong positions",
-                     "attends to the padding", "attended only to their"),
+          # the given mask keeps each row's last lengths[b] positions, where the encoder left its tokens first
+          # (cold review 15: the earlier bug, a one-token flip of the mask's sense, fell to a 12-edit search)
+          bug_words=("left-pad", "left pad", "padded on the left", "padding on the left", "padding at the front",
+                     "padding first", "front of the row", "right-pad", "right pad", "right-align", "left-align",
+                     "aligned to the right", "aligned to the end", "the last lengths", "end of each row",
+                     "from the end", "the wrong end", "wrong side", "the wrong positions", "attends to the padding"),
           allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
                          "aten::_sparse_log_softmax"),
           shortcuts=(_shortcut_luong_module, _shortcut_course_sdpa, _shortcut_aten_sdpa,

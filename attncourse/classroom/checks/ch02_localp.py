@@ -32,10 +32,24 @@ def _shortcut_module(queries, keys, lengths, W, W_p, v_p, window):
     return graphs.holding(module, {"W": W, "W_p": W_p, "v_p": v_p[None]})(queries, keys, mask=mask)[1]
 
 
+def _shortcut_masked_api(queries, keys, lengths, W, W_p, v_p, window):
+    """Eqs. 9-10 written out, but the window's softmax by PyTorch's torch.masked.softmax: refused, as in chapter 01's
+    padding exercise (masking the scores outside the window is part of the skill here too)."""
+    T = keys.shape[1]
+    p = lengths[:, None].to(queries.dtype) * torch.sigmoid(torch.tanh(queries @ W_p.T) @ v_p)
+    offset = torch.arange(T, dtype=queries.dtype) - p[..., None]
+    keep = (offset.abs() <= window) & (torch.arange(T) < lengths[:, None])[:, None]
+    align = torch.masked.softmax(queries @ W @ keys.transpose(1, 2), -1, mask=keep).nan_to_num(0.0)
+    return align * torch.exp(-offset**2 / (2 * (window / 2) ** 2))
+
+
 @exercise("02-local-p", "local_p_weights", points=2, category="implement",
           forbid=("attncourse.rnn_attention.LocalPAttention", "attncourse.rnn_attention.LocalMAttention",
                   "attncourse.rnn_attention.attend", "attncourse.sdpa.safe_softmax", *graphs.NO_CUSTOM_GRADIENT),
-          allow=(), ops=("attention",), shortcuts=(_shortcut_module,),
+          # PyTorch's masked softmaxes are refused as in 01-padding-mask (torch.masked's family is judged by name)
+          allow=(), ops=("attention", "aten::_safe_softmax", "aten::_masked_softmax", "aten::_sparse_softmax",
+                         "aten::_sparse_log_softmax", "aten::masked_log_softmax", "aten::masked_softmin"),
+          shortcuts=(_shortcut_module, _shortcut_masked_api),
           prop_doc="output equality, and the gradients: each case is built so that one misreading of eqs. 9-10 "
                    "fails it (the softmax over all positions instead of the window, the weights renormalised after "
                    "the Gaussian, sigma = D instead of D/2, the padded length T for S, a window wider than the "
