@@ -1,5 +1,6 @@
 """Chapter 03's exercise 6 (QK-norm logits) can fail: a library normalisation, the check's own reference, a missing
-normalisation, an L2 norm without the sqrt(d), a detached RMS (wrong gradients) are refused; the reference equals the
+normalisation, an L2 norm without the sqrt(d), a detached RMS (wrong gradients) are refused, and so is every library
+norm under each of its spellings (ATen's rms_norm, native_layer_norm on [q, -q], group and batch norm); the reference equals the
 course's qk_norm_attention; a learner's answer passes in the check cell and the grader. Also: exercise 3's refusal
 names the rule, not NumPy alone (forbidden.WORDS["rule"])."""
 
@@ -93,3 +94,49 @@ def test_predict_shapes_refusal_names_the_rule():
         with pytest.raises(checks.CheckFailed) as info:
             checks.check("03-predict-shapes", route)
         assert "a rule in plain Python" in str(info.value) and "NumPy alone" not in str(info.value)
+
+
+def _rms_by(norm):
+    """QK-norm logits with `norm(x, d)` -> x / rms(x) over the last axis (a library route)."""
+    def route(q, k, g_q, g_k):
+        d = q.shape[-1]
+        return (g_q * norm(q, d)) @ (g_k * norm(k, d)).mT / math.sqrt(d)
+    return route
+
+
+def _mirror(x):  # [x, -x] has mean 0 and the RMS of x: a mean-subtracting norm of it is x's RMS norm
+    return torch.cat([x, -x], -1)
+
+
+NORM_ROUTES = {
+    "aten.rms_norm": lambda x, d: torch.ops.aten.rms_norm(x, [d], None, 1e-6),
+    "aten._fused_rms_norm": lambda x, d: torch.ops.aten._fused_rms_norm(x, [d], None, 1e-6)[0],
+    "torch.rms_norm": lambda x, d: torch.rms_norm(x, [d], None, 1e-6),
+    "F.rms_norm": lambda x, d: F.rms_norm(x, (d,), eps=1e-6),
+    "nn.RMSNorm": lambda x, d: torch.nn.RMSNorm(d, eps=1e-6, elementwise_affine=False)(x),
+    "torch.native_layer_norm": lambda x, d: torch.native_layer_norm(_mirror(x), [2 * d], None, None, 1e-6)[0][..., :d],
+    "aten.native_layer_norm": lambda x, d: torch.ops.aten.native_layer_norm(_mirror(x), [2 * d], None, None,
+                                                                             1e-6)[0][..., :d],
+    "torch.layer_norm": lambda x, d: torch.layer_norm(_mirror(x), [2 * d], eps=1e-6)[..., :d],
+    "nn.LayerNorm": lambda x, d: torch.nn.LayerNorm(2 * d, eps=1e-6, elementwise_affine=False).to(x.dtype)(
+        _mirror(x))[..., :d],
+    "group_norm": lambda x, d: torch.group_norm(_mirror(x).reshape(-1, 1, 2 * d), 1, eps=1e-6).reshape(
+        *x.shape[:-1], 2 * d)[..., :d],
+    "batch_norm": lambda x, d: torch.batch_norm(_mirror(x).reshape(-1, 2 * d).mT, None, None, None, None, True, 0.,
+                                                1e-6, False).mT.reshape(*x.shape[:-1], 2 * d)[..., :d],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORM_ROUTES))
+def test_library_norms_refused_under_every_spelling(name):
+    route = _rms_by(NORM_ROUTES[name])
+    q = torch.randn(2, 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(route(q, q, torch.ones(8, dtype=torch.float64), torch.ones(8, dtype=torch.float64)),
+                               qk_norm_logits(q, q, *(torch.ones(8, dtype=torch.float64),) * 2), rtol=1e-5,
+                               atol=1e-5)  # the route is right: only the guard stops it
+    with pytest.raises(checks.CheckFailed, match="called"):
+        checks.check(ID, route)
+
+
+def test_aten_rms_norm_refused_by_the_grader(tmp_path, monkeypatch):
+    assert graded(ID, _rms_by(NORM_ROUTES["aten.rms_norm"]), tmp_path, monkeypatch) != "passed"

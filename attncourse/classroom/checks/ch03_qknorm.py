@@ -14,6 +14,11 @@ from . import Case, exercise, forbidden
 EPS = 1e-6
 _FORBID = ("torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.rms_norm", "torch.rms_norm",
            "torch.nn.RMSNorm", "torch.nn.functional.normalize", "torch.nn.functional.layer_norm")
+# Library normalisations refused by operator, under every spelling (torch.ops.aten.rms_norm, torch.native_layer_norm,
+# a module's forward): RMS norm itself, and the mean-subtracting norms, which give the RMS norm of [q, -q].
+_NORM_OPS = tuple(f"aten::{n}" for n in ("rms_norm", "_fused_rms_norm", "layer_norm", "native_layer_norm",
+                                         "group_norm", "native_group_norm", "batch_norm", "native_batch_norm",
+                                         "_native_batch_norm_legit", "_batch_norm_impl_index", "instance_norm"))
 
 
 def reference_logits(q, k, g_q, g_k):
@@ -35,7 +40,7 @@ def _by_rms_norm(q, k, g_q, g_k):
 
 
 @exercise("03-qk-norm-logits", "qk_norm_logits", points=2, category="implement", forbid=_FORBID, allow=(),
-          ops=("attention", "softmax"), shortcuts=(_by_rms_norm,),
+          ops=("attention", "softmax", *_NORM_OPS), shortcuts=(_by_rms_norm,),
           prop_doc="output equality is the property: the logits equal a reference on queries and keys up to 1000 "
                    "times larger, where they must not grow, and so do their gradients with respect to q, k and "
                    "both gains (a normalisation outside autograd fails there); library norms are refused",
