@@ -390,3 +390,18 @@ def test_mla_as_mha_cache_bytes():
     assert mla_as_mha_cache_bytes(2, 4, 8, 4, 8, 10, batch_size=3, bytes_per_element=1) == 2 * 4 * 20 * 10 * 3
     with pytest.raises(ValueError, match="v_head_dim"):
         mla_as_mha_cache_bytes(2, 4, 8, 4, 0, 10)
+
+
+def gqa_by_view(q, k, v):  # the lesson's gqa_grouped with a bottom-right mask: q.view assumes a contiguous q
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    s = (q.view(B, Hkv, H // Hkv * T, D) @ k.transpose(-2, -1)).view(B, Hkv, H // Hkv, T, S) / math.sqrt(D)
+    w = torch.softmax(s.masked_fill(~_mask(T, S), float("-inf")), -1).view(B, Hkv, H // Hkv * T, S)
+    return (w @ v).view(B, H, T, D)
+
+
+def test_grouped_attention_hands_in_a_transposed_q():
+    case = [c for c in checks.get("05-grouped-attention").make_cases() if "transposed" in c.name][0]
+    assert not case.args[0].is_contiguous() and case.args[0].shape[2] > 1
+    with pytest.raises(checks.CheckFailed):
+        checks.check("05-grouped-attention", gqa_by_view)

@@ -95,6 +95,12 @@ def _grouped():
         k, v = (torch.randn(b, hkv, s, d, generator=gen, dtype=torch.float64) for _ in range(2))
         cases.append(Case(name, (q, k, v), expected=grouped_attention(q, k, v, _decode_mask(t, s)),
                           rtol=1e-7, atol=1e-9))
+    # q as split_heads hands it over: a transposed view of (B, T, H, D), whose query heads cannot be viewed as
+    # (B, Hkv, G * T, D) without a reshape (the lesson's section 4 caveat)
+    q = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64).transpose(1, 2)  # (B, H, T, D), not contiguous
+    k, v = (torch.randn(2, 2, 8, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    cases.append(Case("q a transposed view (as split_heads returns it), groups of 3, 3 new of 8", (q, k, v),
+                      expected=grouped_attention(q, k, v, _decode_mask(3, 8)), rtol=1e-7, atol=1e-9))
     return cases
 
 
