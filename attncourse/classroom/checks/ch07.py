@@ -15,7 +15,7 @@ from attncourse.sdpa import scaled_dot_product_attention
 from attncourse.mha import MultiHeadAttention
 from attncourse.positions import sinusoidal_positions
 from . import Case, edits, exercise
-from .ch07_routes import (_shortcut_cache_mask_tril, _shortcut_cache_mask_aten, _shortcut_cache_mask_numpy, _shortcut_cache_mask_masks, _shortcut_update_kvcache, _shortcut_update_cat, _breaker_update_new_tensors, _breaker_unbounded_cache, _breaker_full_forward, _breaker_recompute_prefix, _breaker_rewrite_decode)  # noqa: F401
+from .ch07_routes import (_shortcut_cache_mask_tril, _shortcut_cache_mask_aten, _shortcut_cache_mask_numpy, _shortcut_cache_mask_masks, _shortcut_update_kvcache, _shortcut_update_cat, _breaker_update_new_tensors, _breaker_unbounded_cache, _breaker_full_forward, _breaker_recompute_prefix, _breaker_rewrite_decode, _shortcut_dropped_mass_fsdpa)  # noqa: F401
 
 _MASK_FUNCTIONS = ("attncourse.masks.causal_bottom_right", "attncourse.masks.sliding_window",
                    "attncourse.masks.attention_sink", "attncourse.masks.materialize",
@@ -359,6 +359,8 @@ def _dropped_mass_cases():
 
 
 @exercise("07-window-dropped-mass", "dropped_mass", points=2, category="experiment", allow=(),
+          forbid=("torch.nn.functional.scaled_dot_product_attention",), ops=("attention",),
+          shortcuts=(_shortcut_dropped_mass_fsdpa,),
           hint="chapter 06 gives the ALiBi bias and the lesson's section 5 the window; the weights to add up are "
                "those of full causal attention, on the keys the window would not let the query see")
 def _dropped_mass():

@@ -119,3 +119,13 @@ def _breaker_rewrite_decode(state, x, n_sink, window):
     positions = sinusoidal_positions(t, d)
     with torch.no_grad():
         return torch.cat([layer(x[:, i:i + 1] + positions[i], kv_cache=sink_cache) for i in range(t)], dim=1)
+
+
+def _shortcut_dropped_mass_fsdpa(q, k, window, slope):
+    """The weights read out of PyTorch's fused attention by identity values (bias, causal mask and window written by
+    hand): must be refused (torch.nn.functional.scaled_dot_product_attention; review 15)."""
+    t = q.shape[0]
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]  # (T, 1), (1, T)
+    bias = (slope * (j - i)).to(q.dtype).masked_fill(j > i, float("-inf"))  # (T, T): ALiBi, causal
+    weights = torch.nn.functional.scaled_dot_product_attention(q, k, torch.eye(t, dtype=q.dtype), attn_mask=bias)
+    return float(weights.masked_fill(i - j < window, 0.0).sum(-1).mean())  # the mass the window would drop
