@@ -115,25 +115,15 @@ def _gate_reference(query: torch.Tensor, key: torch.Tensor, block_size: int, top
     return _as_indices(moba_gate(full, key, block_size, top_k)[..., s - t:, :], top_k)
 
 
-def _select_blocks(gate: torch.Tensor, block_size: int, top_k: int, start: int = 0) -> torch.Tensor:
-    """(..., Tq, nB) block scores of the queries at start, start + 1, ... -> MoBA's selection as indices: the own
-    block and the top_k - 1 best wholly earlier blocks."""
-    t, nb = gate.shape[-2:]
-    own = (start + torch.arange(t)) // block_size
-    past = torch.arange(nb)[None, :] < own[:, None]  # (Tq, nB)
-    rank = gate.masked_fill(~past, -math.inf).argsort(-1, descending=True).argsort(-1)  # 0 = best earlier block
-    return _as_indices((rank < top_k - 1) & past | (torch.arange(nb)[None, :] == own[:, None]), top_k)
-
-
 def _shortcut_package(query, key, block_size, top_k):
     """The package's gate over all S positions, the last Tq rows kept, as indices: must be refused."""
     return _gate_reference(query, key, block_size, top_k)
 
 
 def _shortcut_pool(query, key, block_size, top_k):
-    """The package's pooling, then the rest by hand: must be refused."""
-    pooled = mean_pool_blocks(key, block_size).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-    return _select_blocks(query @ pooled.transpose(-2, -1), block_size, top_k, key.shape[2] - query.shape[2])
+    """The package's pooling, then the package's gate on keys that hold each block's mean: must be refused."""
+    means = mean_pool_blocks(key, block_size).repeat_interleave(block_size, dim=2)[:, :, :key.shape[2]]
+    return _gate_reference(query, means, block_size, top_k)
 
 
 @exercise("14-moba-gate", "moba_select", points=3, category="implement",
@@ -353,24 +343,36 @@ def _predict_tiles():
     block = 2 ** pick(12, 14)  # a long context: a simulation query by query, or a loop over the tokens, cannot finish
     configs.append(dict(seq_len=2 ** 30 + block * pick(1, 64) + pick(1, block - 1), block_size=block, top_k=pick(4, 16)))
 
-    def by_blocks(t, block, top_k):  # sum over the blocks of (queries in it) x (blocks each reads): no data needed
-        nb = -(-t // block)
-        sizes = [block] * (nb - 1) + [t - (nb - 1) * block]
-        blocks = sum(n * min(top_k, b + 1) for b, n in enumerate(sizes))
-        own = sum(n * (n + 1) // 2 for n in sizes)  # causal inside the own block
-        return blocks, own + block * (blocks - t)  # each earlier block read is read whole
-
     cases = []
     for cfg in configs:
         t, block, top_k = cfg["seq_len"], cfg["block_size"], cfg["top_k"]
-        expected = by_blocks(t, block, top_k)
-        if t < 2 ** 20:  # the count agrees with a real gate on random data where that can run
-            q, k = torch.randn(2, 1, 1, t, 4, generator=gen).unbind(0)
-            work = selected_work(moba_gate(q, k, block, top_k), block, t)
-            assert expected == (work["blocks"], work["keys"]), (cfg, expected, work)
+        expected = _counted(t, block, top_k, gen)
         cases.append(Case(f"(blocks visited, keys scored) for T={t}, blocks of {block}, top_k={top_k}, one query per "
                           "tile", (t, block, top_k), expected=expected, compare="equal"))
     return cases
+
+
+def _gate_counts(t, block, top_k, gen):
+    """(blocks, keys) read by the package's gate on random data, counted from its (T, nB) selection."""
+    q, k = torch.randn(2, 1, 1, t, 2, generator=gen).unbind(0)
+    selected = moba_gate(q, k, block, top_k)[0, 0]  # (T, nB)
+    seen = (torch.arange(t)[:, None] - block * torch.arange(selected.shape[-1])[None, :] + 1).clamp(0, block)
+    return int(selected.sum()), int((seen * selected).sum())  # a selected block's keys at or before the query
+
+
+def _counted(t, block, top_k, gen):
+    """The reference for exercise 3, always from a real gate (no formula here to copy): directly where the gate
+    fits, else from two gates with the same block, top_k and last block, top_k and top_k + 1 whole blocks before it
+    (from there on every whole block adds the same work), extended linearly in the number of whole blocks."""
+    if t < 2 ** 20:
+        counts = _gate_counts(t, block, top_k, gen)
+        if t <= 1024:  # the package's own counter agrees where its token mask fits
+            work = selected_work(moba_gate(*torch.randn(2, 1, 1, t, 2, generator=gen).unbind(0), block, top_k), block, t)
+            assert counts == (work["blocks"], work["keys"]), (t, block, top_k, counts, work)
+        return counts
+    m, r = divmod(t, block)
+    lo, hi = (_gate_counts(n * block + r, block, top_k, gen) for n in (top_k, top_k + 1))
+    return tuple(a + (m - top_k) * (b - a) for a, b in zip(lo, hi))
 
 
 # exercise 4 (the selection-recall experiment): ch14_recall.py
