@@ -10,6 +10,7 @@ import math
 import torch
 
 from attncourse.classroom import checks
+from attncourse.classroom.checks import gradients
 from exercise_routes import accepted, failure
 
 ID = "14-nsa-group-decode"
@@ -70,4 +71,4 @@ def test_other_choices_fail():
     for route in (per_head_union, summed_scores, best_head, no_own_block):
         failure(ID, route)
     ex = checks.get(ID)  # the package's functions and dense attention with the other blocks masked: refused by
-    assert len(ex.make_cases()) == 6 and ex.shortcuts and len(ex.breakers) == 2  # test_exercise_standard's routes
+    assert gradients.declared(ex.make_cases()) == 6 and ex.shortcuts and len(ex.breakers) == 2  # test_exercise_standard's routes

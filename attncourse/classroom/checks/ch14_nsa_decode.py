@@ -29,15 +29,15 @@ def _nsa_reference(q, k, v, k_cmp, block_size, top_n):
     """(out (G, Dv), blocks (n,) ascending): the package's selection (eq. 10) and attention over the chosen rows."""
     g, d = q.shape
     s = k.shape[0]
-    own = (s - 1) // block_size
+    own = max(s - 1, 0) // block_size  # the block of the last position
     nb = own + 1
     probs = torch.softmax(q @ k_cmp.T / math.sqrt(d), -1) if own else q.new_zeros(g, 0)  # (G, own)
     full = q.new_zeros(1, g, s, nb)
     full[0, :, -1, :own] = probs  # the last position's row; nsa_select reads its own block from the position
     sel = nsa_select(full, 1, top_n, block_size)[0, 0, -1]  # (nB,) bool
     blocks = sel.nonzero().flatten()
-    rows = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()
-    rows = rows[rows < s]
+    starts = blocks * block_size
+    rows = torch.cat([torch.arange(a, min(a + block_size, s)) for a in starts.tolist()])
     out = token_select_attention(q[None, :, None], k[None, None], v[None, None], rows[None, None])  # (1, G, 1, Dv)
     return out[0, :, 0], blocks
 
@@ -50,7 +50,7 @@ def _reads_selected_blocks(runs) -> str | None:
     for run in runs:
         q, k, v, k_cmp, block_size, top_n = run.case.args
         s = k.shape[0]
-        own = (s - 1) // block_size
+        own = max(s - 1, 0) // block_size
         n_sel = min(top_n, own) * block_size + (s - own * block_size)  # the chosen earlier blocks and its own
         read = {"arg1": 0, "arg2": 0}
         for name, _launch, _helper, tensors in run.trace["ops"]:
@@ -116,8 +116,7 @@ def _nsa_breaker_copy_then_gather(q, k, v, k_cmp, block_size, top_n):
     s, own = k.shape[0], (k.shape[0] - 1) // block_size
     imp = torch.softmax(q @ k_cmp.T / math.sqrt(q.shape[1]), -1).sum(0)
     blocks = torch.cat([imp.topk(min(top_n, own)).indices, torch.tensor([own])]).sort().values
-    rows = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()
-    rows = rows[rows < s]
+    rows = torch.arange(s)[torch.isin(torch.arange(s) // block_size, blocks)]
     kc, vc = k * 1.0, v * 1.0  # (S, D), (S, Dv): copies of all S rows
     return torch.softmax(q @ kc[rows].T / math.sqrt(q.shape[1]), -1) @ vc[rows], blocks
 
