@@ -9,12 +9,11 @@ carries no gradient, and one glued to the inputs by a term that is zero carries 
 :func:`gradient_case` builds, for an implement exercise's cases, one more: its smallest case again, with inputs that
 require gradients (:data:`forbidden.BACKWARD`); the expected value is what the exercise's shortcuts (the library
 functions doing the same job, run unguarded) give for the result and for the gradients of every real-valued floating
-input, for one fixed upstream gradient. The case is added only when some shortcut returns a single floating tensor
-with an autograd graph and every shortcut that has one agrees on the gradients, so an exercise whose job has no
-gradient (indices, a gradient zero everywhere) gets none. A result that is a tuple is judged by its first item (the
-output; the items after it are judged by the declared cases). An exercise whose right answers autograd cannot follow
-(a Triton kernel, state updated in place) sets ``gradient=False``. Inputs that
-are masks or positions stored as floats (every value an integer, or some not finite) are left out of the comparison:
+input, for one fixed upstream gradient. The case is added only when some shortcut returns a floating tensor (or a
+tuple whose first item is one) with an autograd graph and every shortcut that has one agrees on the gradients, so an
+exercise whose job has no gradient (indices, a gradient zero everywhere) gets none. A tuple is judged by its first
+item's gradients (the items after it are judged by the declared cases). An exercise whose right answers autograd
+cannot follow (a Triton kernel, state updated in place) sets ``gradient=False``. Inputs that are masks or positions stored as floats (every value an integer, or some not finite) are left out of the comparison:
 an answer may read them as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise
 with a backward case of its own gets no second one.
 """
@@ -66,8 +65,7 @@ def _reference(shortcut, args, kwargs):
 
 
 def _first(result):
-    """A tuple's first item (the result; the items after it, a running maximum say, are judged by the declared
-    cases), anything else itself."""
+    """A tuple's first item (the one the gradient case judges), anything else itself."""
     return result[0] if isinstance(result, tuple) and result else result
 
 
