@@ -13,9 +13,10 @@ input, for one fixed upstream gradient. The case is added only when some shortcu
 tuple whose first item is one) with an autograd graph and every shortcut that has one agrees on the gradients, so an
 exercise whose job has no gradient (indices, a gradient zero everywhere) gets none. A tuple is judged by its first
 item's gradients (the items after it are judged by the declared cases). An exercise whose right answers autograd
-cannot follow (a Triton kernel, state updated in place) sets ``gradient=False``. Inputs that are masks or positions stored as floats (every value an integer, or some not finite) are left out of the comparison:
-an answer may read them as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise
-with a backward case of its own gets no second one.
+cannot follow (a Triton kernel, state updated in place) sets ``gradient=False``. Inputs that are masks or positions
+stored as floats (every value an integer, or some not finite) are left out of the comparison: an answer may read them
+as booleans. Chapters 01-03 write their gradient cases by hand (:mod:`.graphs`); an exercise with a backward case of
+its own gets no second one.
 """
 
 from __future__ import annotations
