@@ -18,9 +18,8 @@ import torch
 
 from attncourse.learned_sparse import nsa_select, token_select_attention
 from . import Case, exercise
-from .ch09 import _rows
-from .ch14 import _op
-from .ch14_recall import _INDEXING, _VIEWS, _op_work
+from .ch14_recall import _op_work
+from .ch14_sparse_decode import rows_read_beyond
 
 _NSA_PASSES = 8  # passes over the compressed keys and the selected rows an honest answer may make (about 2)
 
@@ -52,37 +51,11 @@ def _reads_selected_blocks(runs) -> str | None:
         s = k.shape[0]
         own = max(s - 1, 0) // block_size
         n_sel = min(top_n, own) * block_size + (s - own * block_size)  # the chosen earlier blocks and its own
-        read = {"arg1": 0, "arg2": 0}
-        for name, _launch, _helper, tensors in run.trace["ops"]:
-            op = _op(name)
-            if _VIEWS.match(op):
-                continue
-            for label, off, shape, stride in tensors:
-                if label not in read:
-                    continue
-                what = "key" if label == "arg1" else "value"
-                width = k.shape[1] if label == "arg1" else v.shape[1]
-                if _INDEXING.match(op):  # the rows its index tensor names (a boolean mask names every row)
-                    named = max([int(sh[0]) for lab, _o, sh, _s in tensors if lab is None and len(sh) >= 1] or [s])
-                    if op == "take":  # flat indices into the (S, width) cache: width of them per row
-                        named = -(-named // max(width, 1))
-                    if named > n_sel:
-                        return (f"case '{run.case.name}': an indexing operator ({op}) named {named} rows of the "
-                                f"group's {what}s, more than the {n_sel} rows of the blocks the group chose: gather "
-                                "the chosen blocks' rows by their indices")
-                    read[label] += named
-                    continue
-                a, e = _rows((label, off, shape, stride), width, s * width)
-                if e - a > n_sel:
-                    return (f"case '{run.case.name}': an operator ({op}) read {e - a} rows of the group's {what}s at "
-                            f"once, more than the {n_sel} rows of the blocks the group chose: that is dense attention "
-                            "(masked or not); take the chosen blocks' rows first and attend over those only")
-                read[label] += e - a
-        for label, what in (("arg1", "key"), ("arg2", "value")):
-            if read[label] > 3 * n_sel:
-                return (f"case '{run.case.name}': your operators read {read[label]} rows of the group's {what}s in "
-                        f"all, more than 3 times the {n_sel} rows of the chosen blocks: the selected branch loads "
-                        "each chosen block once for the whole group, and nothing else")
+        why = rows_read_beyond(run, k, v, n_sel, "the group's", f"the {n_sel} rows of the blocks the group chose",
+                               "the chosen blocks' rows",
+                               "the selected branch loads each chosen block once for the whole group, and nothing else")
+        if why:
+            return why
         g, d = q.shape
         dv = v.shape[1]
         need = 2 * g * own * d + 4 * g * own + n_sel * (d + dv) + g * n_sel * (d + dv) + own + s

@@ -42,37 +42,10 @@ def _reads_top_k(runs) -> str | None:
         q, k, v, q_index, _w, k_index, top_k = run.case.args
         s = k.shape[0]
         n_sel = min(top_k, s)
-        read = {"arg1": 0, "arg2": 0}
-        for name, _launch, _helper, tensors in run.trace["ops"]:
-            op = _op(name)
-            if _VIEWS.match(op):
-                continue
-            for label, off, shape, stride in tensors:
-                if label not in read:
-                    continue
-                what = "key" if label == "arg1" else "value"
-                width = k.shape[1] if label == "arg1" else v.shape[1]
-                if _INDEXING.match(op):  # the rows its index tensor names (a boolean mask names every row)
-                    named = max([int(sh[0]) for lab, _o, sh, _s in tensors if lab is None and len(sh) >= 1] or [s])
-                    if op == "take":  # flat indices into the (S, width) cache: width of them per row
-                        named = -(-named // max(width, 1))
-                    if named > n_sel:
-                        return (f"case '{run.case.name}': an indexing operator ({op}) named {named} rows of the main "
-                                f"{what}s (indices or a mask over every row), more than the {n_sel} the indexer "
-                                "selected: gather the selected rows by their indices")
-                    read[label] += named
-                    continue
-                a, e = _rows((label, off, shape, stride), width, s * width)
-                if e - a > n_sel:
-                    return (f"case '{run.case.name}': an operator ({op}) read {e - a} rows of the main {what}s at "
-                            f"once, more than the {n_sel} the indexer selected: that is dense attention (masked or "
-                            "not); gather the selected rows first and attend over those only")
-                read[label] += e - a
-        for label, what in (("arg1", "key"), ("arg2", "value")):
-            if read[label] > 3 * n_sel:
-                return (f"case '{run.case.name}': your operators read {read[label]} rows of the main {what}s in all, "
-                        f"more than 3 times the {n_sel} the indexer selected: a few rows at a time or not, the main "
-                        "attention must read the selected tokens only")
+        why = rows_read_beyond(run, k, v, n_sel, "the main", f"the {n_sel} the indexer selected", "the selected rows",
+                               "a few rows at a time or not, the main attention must read the selected tokens only")
+        if why:
+            return why
         h, d = q.shape
         dv = v.shape[1]
         hi, di = q_index.shape
@@ -83,6 +56,45 @@ def _reads_top_k(runs) -> str | None:
             return (f"case '{run.case.name}': your operators did {total:,} multiply-adds and entries in all, more than "
                     f"{_DECODE_PASSES} times what the indexer over {s} tokens and attention over {n_sel} of them need "
                     f"({need:,}): the main attention's work must follow the selection, not the context")
+    return None
+
+
+def rows_read_beyond(run, k, v, n_sel, whose, chosen, rows, total_hint) -> str | None:
+    """Why `run` read more of the cache (arguments 1 and 2, `k` and `v`) than the `n_sel` rows selected, or None: an
+    indexing operator may take the whole cache but name at most `n_sel` rows; any other operator may take views of at
+    most `n_sel` rows; the rows read in all stay within 3 times `n_sel`. `whose`, `chosen` and `rows` word the
+    message ("the main", "the 64 the indexer selected", "the selected rows"); `total_hint` ends the last one."""
+    s = k.shape[0]
+    read = {"arg1": 0, "arg2": 0}
+    for name, _launch, _helper, tensors in run.trace["ops"]:
+        op = _op(name)
+        if _VIEWS.match(op):
+            continue
+        for label, off, shape, stride in tensors:
+            if label not in read:
+                continue
+            what = "key" if label == "arg1" else "value"
+            width = k.shape[1] if label == "arg1" else v.shape[1]
+            if _INDEXING.match(op):  # the rows its index tensor names (a boolean mask names every row)
+                named = max([int(sh[0]) for lab, _o, sh, _s in tensors if lab is None and len(sh) >= 1] or [s])
+                if op == "take":  # flat indices into the (S, width) cache: width of them per row
+                    named = -(-named // max(width, 1))
+                if named > n_sel:
+                    return (f"case '{run.case.name}': an indexing operator ({op}) named {named} rows of {whose} "
+                            f"{what}s (indices or a mask over every row), more than {chosen}: gather {rows} by "
+                            "their indices")
+                read[label] += named
+                continue
+            a, e = _rows((label, off, shape, stride), width, s * width)
+            if e - a > n_sel:
+                return (f"case '{run.case.name}': an operator ({op}) read {e - a} rows of {whose} {what}s at once, "
+                        f"more than {chosen}: that is dense attention (masked or not); take {rows} first and "
+                        "attend over those only")
+            read[label] += e - a
+    for label, what in (("arg1", "key"), ("arg2", "value")):
+        if read[label] > 3 * n_sel:
+            return (f"case '{run.case.name}': your operators read {read[label]} rows of {whose} {what}s in all, "
+                    f"more than 3 times {chosen}: {total_hint}")
     return None
 
 
